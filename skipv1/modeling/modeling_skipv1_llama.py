@@ -1,0 +1,169 @@
+"""SkipV1Former on transformers' Llama: Llama, except that layers >= 1 compute only their first
+`n_kv - s` value heads and read the last `s` from layer 0's value tensor.
+
+Layer 0's values reach later layers through the forward pass (a `FirstLayerValues` holder passed
+down as a keyword argument), never only through the cache, so uncached training, cached prefill
+and token-by-token decoding compute the same function. Later layers cache only their own value
+heads: that is the KV-cache saving.
+
+This file is copied next to converted weights (see `auto_map`), so it imports only transformers
+and its sibling configuration file.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, StaticLayer
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+    LlamaPreTrainedModel,
+    apply_rotary_pos_emb,
+    eager_attention_forward,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .configuration_skipv1_llama import SkipV1LlamaConfig
+
+
+class FirstLayerValues:
+    """Carries layer 0's value states (all KV heads, cached positions included) to later layers."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: torch.Tensor | None = None
+
+
+class SkipV1StaticLayer(StaticLayer):
+    """A static cache layer whose value buffer is sized from the values it is given: later
+    SkipV1 layers store fewer value heads than key heads (transformers sizes both from the keys)."""
+
+    supports_early_init = False
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        if value_states.shape[1] != self.values.shape[1]:
+            shape = (self.batch_size, value_states.shape[1], self.max_cache_len, self.v_head_dim)
+            self.values = torch.zeros(shape, dtype=value_states.dtype, device=self.device)
+
+
+def use_skipv1_static_layers(cache: Cache) -> None:
+    """Swap transformers' StaticLayers that hold nothing yet for SkipV1StaticLayers."""
+    for i, layer in enumerate(getattr(cache, "layers", [])):
+        if type(layer) is StaticLayer and not layer.is_initialized:
+            cache.layers[i] = SkipV1StaticLayer(max_cache_len=layer.max_cache_len)
+
+
+class SkipV1LlamaAttention(LlamaAttention):
+    def __init__(self, config: SkipV1LlamaConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.own_value_heads = config.own_value_heads(layer_idx)
+        self.v_proj = nn.Linear(
+            config.hidden_size, self.own_value_heads * self.head_dim, bias=config.attention_bias
+        )
+        if config.o_proj_bias != config.attention_bias:
+            self.o_proj = nn.Linear(
+                config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias
+            )
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        first_layer_values: FirstLayerValues | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+
+        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+        if cache is not None:
+            key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+
+        # The SkipV1 difference: layer 0 publishes its values, later layers borrow the tail heads.
+        if first_layer_values is None:
+            raise ValueError("SkipV1LlamaAttention needs `first_layer_values` from SkipV1LlamaModel.")
+        if self.layer_idx == 0:
+            first_layer_values.value = value_states
+        elif self.own_value_heads < self.config.num_key_value_heads:
+            borrowed = first_layer_values.value[:, self.own_value_heads :]
+            value_states = torch.cat([value_states, borrowed], dim=1)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(attn_output), attn_weights
+
+
+class SkipV1LlamaDecoderLayer(LlamaDecoderLayer):
+    def __init__(self, config: SkipV1LlamaConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = SkipV1LlamaAttention(config=config, layer_idx=layer_idx)
+
+
+class SkipV1LlamaPreTrainedModel(LlamaPreTrainedModel):
+    config_class = SkipV1LlamaConfig
+    config: SkipV1LlamaConfig
+    _no_split_modules = ["SkipV1LlamaDecoderLayer"]
+    # torch.compile of the whole graph is untested with the value holder.
+    _can_compile_fullgraph = False
+    _can_record_outputs = {
+        "hidden_states": SkipV1LlamaDecoderLayer,
+        "attentions": SkipV1LlamaAttention,
+    }
+
+
+class SkipV1LlamaModel(SkipV1LlamaPreTrainedModel, LlamaModel):
+    def __init__(self, config: SkipV1LlamaConfig):
+        super().__init__(config)
+        self.layers = nn.ModuleList(
+            [SkipV1LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)]
+        )
+        self.post_init()
+
+    def forward(self, *args, cache: Cache | None = None, **kwargs):
+        if cache is not None:
+            use_skipv1_static_layers(cache)
+        kwargs["first_layer_values"] = FirstLayerValues()
+        return LlamaModel.forward(self, *args, cache=cache, **kwargs)
+
+
+class SkipV1LlamaForCausalLM(SkipV1LlamaPreTrainedModel, LlamaForCausalLM):
+    def __init__(self, config: SkipV1LlamaConfig):
+        super().__init__(config)
+        self.model = SkipV1LlamaModel(config)
+        self.post_init()
+
+
+SkipV1LlamaConfig.register_for_auto_class()
+SkipV1LlamaForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+
+__all__ = [
+    "SkipV1LlamaForCausalLM",
+    "SkipV1LlamaModel",
+    "SkipV1LlamaPreTrainedModel",
+    "SkipV1StaticLayer",
+]
