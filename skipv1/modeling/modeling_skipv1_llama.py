@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, StaticLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -24,7 +25,6 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
     eager_attention_forward,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_skipv1_llama import SkipV1LlamaConfig
 

@@ -1,0 +1,90 @@
+"""What a checkpoint is, read from its config.json alone (no weights): used by `inspect`, and by
+`convert` and `eval` to validate their inputs."""
+
+import json
+from pathlib import Path
+
+from .errors import SkipV1Error
+from .modeling.layout import count_parameters, kv_layout
+
+SOURCE_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+SKIPV1_ARCHITECTURE = "SkipV1LlamaForCausalLM"
+SKIPV1_MODEL_TYPE = "skipv1_llama"
+
+
+def read_config(path: "str | Path") -> dict:
+    """config.json of a checkpoint directory, with one-line errors for every way it can be wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise SkipV1Error(f"{path} does not exist: give a checkpoint directory")
+    if not path.is_dir():
+        raise SkipV1Error(f"{path} is not a directory: give a checkpoint directory holding config.json")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise SkipV1Error(f"{path} is not a model directory: it has no config.json")
+    try:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise SkipV1Error(f"{config_file} is not valid JSON ({err}): repair or re-download it") from None
+    if not isinstance(config, dict):
+        raise SkipV1Error(f"{config_file} is not a JSON object: repair or re-download it")
+    return config
+
+
+def is_skipv1(config: dict) -> bool:
+    return config.get("model_type") == SKIPV1_MODEL_TYPE
+
+
+def architecture(config: dict) -> str:
+    archs = config.get("architectures") or []
+    return archs[0] if archs else f"<{config.get('model_type', 'unknown')}>"
+
+
+def check_supported(config: dict) -> None:
+    """Raises unless the config is a source architecture we convert or a SkipV1 checkpoint."""
+    arch = architecture(config)
+    if arch not in SOURCE_ARCHITECTURES and arch != SKIPV1_ARCHITECTURE:
+        raise SkipV1Error(
+            f"unsupported architecture {arch}: supported are {', '.join(SOURCE_ARCHITECTURES)} "
+            f"(and converted {SKIPV1_ARCHITECTURE})"
+        )
+    for key in ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size",
+                "intermediate_size"):
+        if not isinstance(config.get(key), int):
+            raise SkipV1Error(f"config.json lacks an integer {key!r}: it is not a complete {arch} config")
+
+
+def default_skip_heads(num_kv_heads: int) -> int:
+    """Half the KV heads, rounded down: the paper's 50% skip ratio."""
+    return num_kv_heads // 2
+
+
+def describe(path: "str | Path", skip_v_heads: int | None = None) -> dict:
+    """Shape, parameters and KV bytes/token (bf16) of the source and SkipV1 layouts."""
+    config = read_config(path)
+    check_supported(config)
+    layout = kv_layout(config)
+    converted = is_skipv1(config)
+    s = layout.skip_v_heads if converted else (
+        default_skip_heads(layout.num_kv_heads) if skip_v_heads is None else skip_v_heads)
+    source_bytes = layout.with_skip(0).bytes_per_token(2)
+    skip_bytes = layout.with_skip(s).bytes_per_token(2)
+    return {
+        "path": str(path),
+        "architecture": architecture(config),
+        "is_skipv1": converted,
+        "num_layers": layout.num_layers,
+        "num_heads": config["num_attention_heads"],
+        "num_kv_heads": layout.num_kv_heads,
+        "head_dim": layout.head_dim,
+        "skip_v_heads": s,
+        "parameters": count_parameters(config, s if converted else 0),
+        "parameters_skipv1": count_parameters(config, s),
+        "kv_bytes_per_token_source_bf16": source_bytes,
+        "kv_bytes_per_token_skipv1_bf16": skip_bytes,
+        "kv_saving": 1 - skip_bytes / source_bytes,
+    }

@@ -1,0 +1,62 @@
+"""Terminal output shared by the commands: rich consoles, progress bars, and the error contract
+(a SkipV1Error becomes one line on stderr and exit code 2)."""
+
+import functools
+import sys
+from collections.abc import Callable
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from .errors import SkipV1Error
+
+console = Console(stderr=True)
+stdout = Console(soft_wrap=True)
+
+
+def byte_progress(quiet: bool = False) -> Progress:
+    """A progress bar over bytes with throughput and ETA."""
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+        TransferSpeedColumn(), TimeRemainingColumn(), console=console, disable=quiet,
+    )
+
+
+def step_progress(quiet: bool = False, *extra_columns) -> Progress:
+    """A progress bar over counted steps."""
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        *extra_columns, TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=quiet,
+    )
+
+
+def fail(message: str) -> None:
+    """Prints `error: message` as a single line on stderr (no wrapping, no markup)."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+
+
+def cli_command(fn: Callable) -> Callable:
+    """Turns SkipV1Error into one line and exit 2, Ctrl-C into exit 130, for a typer command."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SkipV1Error as err:
+            fail(str(err))
+            raise typer.Exit(err.exit_code) from None
+        except KeyboardInterrupt:
+            fail("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper

@@ -1,0 +1,163 @@
+"""Text sources shared by `eval`, `uptrain` and calibration, all read through `datasets`.
+
+A data spec is a string or a mapping:
+- a local file, directory or glob: `.txt` (one document per file), `.jsonl`/`.json` or `.parquet`
+  (one document per record);
+- `embedded`, `embedded:train` or `embedded:validation`: the English documentation prose that
+  ships with CPython (`pydoc_data.topics`), usable offline, cut into ~2,000-character documents
+  of whole paragraphs; validation is every tenth document;
+- a Hub dataset `NAME[:CONFIG][@SPLIT]` (needs network access);
+- a mapping `{files | name, config, split, text_field, streaming}` as used in recipes.
+"""
+
+import glob
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import SkipV1Error
+
+FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".jsonl": "json", ".json": "json",
+           ".parquet": "parquet"}
+EMBEDDED_SPLITS = ("all", "train", "validation")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    kind: str  # "files" | "hub" | "embedded"
+    files: tuple[str, ...] = ()
+    name: str | None = None
+    config: str | None = None
+    split: str = "train"
+    text_field: str = "text"
+    extra: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if self.kind == "files":
+            return ", ".join(self.files[:3]) + (" ..." if len(self.files) > 3 else "")
+        if self.kind == "embedded":
+            return f"embedded CPython docs ({self.split})"
+        return f"{self.name}{':' + self.config if self.config else ''}@{self.split}"
+
+
+def parse_data_spec(spec: "str | dict[str, Any] | DataSpec") -> DataSpec:
+    if isinstance(spec, DataSpec):
+        return spec
+    if isinstance(spec, dict):
+        return _spec_from_mapping(spec)
+    text = str(spec).strip()
+    if not text:
+        raise SkipV1Error("empty data spec: give a file, a glob, `embedded` or a Hub dataset name")
+    if text == "embedded" or text.startswith("embedded:"):
+        split = text.partition(":")[2] or "all"
+        if split not in EMBEDDED_SPLITS:
+            raise SkipV1Error(f"unknown embedded split {split!r}: use one of {EMBEDDED_SPLITS}")
+        return DataSpec(kind="embedded", split=split)
+    if _looks_local(text):
+        return DataSpec(kind="files", files=_expand_files(text))
+    name, _, split = text.partition("@")
+    name, _, config = name.partition(":")
+    return DataSpec(kind="hub", name=name, config=config or None, split=split or "train")
+
+
+def _spec_from_mapping(spec: dict) -> DataSpec:
+    allowed = {"files", "name", "config", "split", "text_field"}
+    unknown = set(spec) - allowed
+    if unknown:
+        raise SkipV1Error(f"unknown data key(s) {sorted(unknown)}: allowed keys are {sorted(allowed)}")
+    text_field = spec.get("text_field", "text")
+    if spec.get("files"):
+        files = spec["files"] if isinstance(spec["files"], list) else [spec["files"]]
+        expanded = tuple(f for pattern in files for f in _expand_files(str(pattern)))
+        return DataSpec(kind="files", files=expanded, text_field=text_field)
+    if spec.get("name"):
+        base = parse_data_spec(spec["name"])
+        if base.kind != "hub":
+            return DataSpec(kind=base.kind, files=base.files, split=spec.get("split", base.split),
+                            text_field=text_field)
+        return DataSpec(kind="hub", name=base.name, config=spec.get("config", base.config),
+                        split=spec.get("split", base.split), text_field=text_field)
+    raise SkipV1Error("a data source needs `files` (local paths or globs) or `name` (a Hub dataset)")
+
+
+def _looks_local(text: str) -> bool:
+    return (any(c in text for c in "*?[") or os.path.exists(text) or text.startswith((".", "/", "~"))
+            or Path(text).suffix.lower() in FORMATS)
+
+
+def _expand_files(pattern: str) -> tuple[str, ...]:
+    pattern = os.path.expanduser(pattern)
+    if os.path.isdir(pattern):
+        paths = sorted(p for p in glob.glob(os.path.join(pattern, "**", "*"), recursive=True)
+                       if Path(p).suffix.lower() in FORMATS)
+    else:
+        paths = sorted(glob.glob(pattern, recursive=True))
+    if not paths:
+        raise SkipV1Error(f"no data files match {pattern!r}: check the path or glob")
+    formats = {FORMATS.get(Path(p).suffix.lower()) for p in paths}
+    if None in formats or len(formats) > 1:
+        raise SkipV1Error(
+            f"data files {pattern!r} must all be one of the formats {sorted(set(FORMATS))} "
+            "(.txt, .jsonl/.json or .parquet)"
+        )
+    return tuple(paths)
+
+
+def embedded_documents(split: str = "all") -> list[str]:
+    """CPython's pydoc topics as ~2,000-character documents in a fixed order; every 10th is
+    validation, so both splits cover all topics."""
+    from pydoc_data.topics import topics
+
+    docs, current = [], ""
+    for key in sorted(topics):
+        for paragraph in topics[key].split("\n\n"):
+            current = f"{current}\n\n{paragraph}" if current else paragraph
+            if len(current) >= 2000:
+                docs.append(current.strip())
+                current = ""
+    if current.strip():
+        docs.append(current.strip())
+    if split == "train":
+        return [d for i, d in enumerate(docs) if i % 10 != 9]
+    if split == "validation":
+        return [d for i, d in enumerate(docs) if i % 10 == 9]
+    return docs
+
+
+def open_dataset(spec: "str | dict | DataSpec", streaming: bool = False):
+    """A `datasets` Dataset (or IterableDataset when streaming) with a `text_field` column."""
+    import datasets
+
+    spec = parse_data_spec(spec)
+    if spec.kind == "embedded":
+        ds = datasets.Dataset.from_dict({"text": embedded_documents(spec.split)})
+        return ds.to_iterable_dataset() if streaming else ds
+    try:
+        if spec.kind == "files":
+            builder = FORMATS[Path(spec.files[0]).suffix.lower()]
+            kwargs = {"sample_by": "document"} if builder == "text" else {}
+            return datasets.load_dataset(builder, data_files=list(spec.files), split="train",
+                                         streaming=streaming, **kwargs)
+        return datasets.load_dataset(spec.name, spec.config, split=spec.split, streaming=streaming)
+    except SkipV1Error:
+        raise
+    except Exception as err:  # datasets raises many types; the user needs the spec and the cause
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SkipV1Error(f"cannot read data {spec.describe()}: {first_line}") from err
+
+
+def iter_texts(spec: "str | dict | DataSpec", streaming: bool = False) -> Iterator[str]:
+    """Yields the non-empty texts of a data source, checking the text field exists."""
+    spec = parse_data_spec(spec)
+    field_name = "text" if spec.kind == "embedded" else spec.text_field
+    for record in open_dataset(spec, streaming=streaming):
+        if field_name not in record:
+            raise SkipV1Error(
+                f"record without the text field {field_name!r} in {spec.describe()}: set "
+                f"`text_field` to one of {sorted(record)}"
+            )
+        text = record[field_name]
+        if isinstance(text, str) and text.strip():
+            yield text

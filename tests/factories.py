@@ -1,0 +1,89 @@
+"""Small real checkpoints for the tests: random Llama / Mistral / Qwen2 models saved by
+transformers, a tiny byte-level BPE tokenizer, and the real SmolLM2-135M-Instruct."""
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+ARCHS = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+}
+EOS = "<|endoftext|>"
+
+
+def build_tokenizer(path: Path, vocab_size: int = 320) -> Path:
+    """A byte-level BPE tokenizer trained on CPython's embedded docs (deterministic, < 1 s)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from skipv1.textdata import embedded_documents
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(embedded_documents("train")[:40], trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS)
+    fast.save_pretrained(path)
+    return Path(path)
+
+
+def tiny_config(arch: str = "llama", **overrides):
+    config_cls, _ = ARCHS[arch]
+    fields = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=4, vocab_size=320,
+                  max_position_embeddings=256, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    if arch in ("mistral", "qwen2"):
+        fields["sliding_window"] = None
+    fields.update(overrides)
+    return config_cls(**fields)
+
+
+def make_checkpoint(path: Path, arch: str = "llama", shards: int = 1, fmt: str = "safetensors",
+                    tokenizer_dir: Path | None = None, seed: int = 0, **overrides) -> Path:
+    """Saves a random model; `shards` > 1 splits it; fmt='bin' writes PyTorch .bin shards."""
+    torch.manual_seed(seed)
+    config = tiny_config(arch, **overrides)
+    model = ARCHS[arch][1](config).eval()
+    path = Path(path)
+    if fmt == "safetensors":
+        total = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+        model.save_pretrained(path, max_shard_size=max(total // shards + 1, 1024) if shards > 1 else "50GB")
+    else:
+        _save_bin(model, path, shards)
+    if tokenizer_dir is not None:
+        for file in Path(tokenizer_dir).iterdir():
+            (path / file.name).write_bytes(file.read_bytes())
+    return path
+
+
+def _save_bin(model, path: Path, shards: int) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(path)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    names = list(state)
+    per = -(-len(names) // shards)
+    weight_map = {}
+    for i in range(shards):
+        part = names[i * per:(i + 1) * per]
+        file = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin" if shards > 1 else "pytorch_model.bin"
+        torch.save({k: state[k] for k in part}, path / file)
+        weight_map.update({k: file for k in part})
+    if shards > 1:
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (path / "pytorch_model.bin.index.json").write_text(json.dumps(index, indent=2))
