@@ -22,14 +22,18 @@ def read_config(path: "str | Path") -> dict:
     if not path.exists():
         raise SkipV1Error(f"{path} does not exist: give a checkpoint directory")
     if not path.is_dir():
-        raise SkipV1Error(f"{path} is not a directory: give a checkpoint directory holding config.json")
+        raise SkipV1Error(
+            f"{path} is not a directory: give a checkpoint directory holding config.json"
+        )
     config_file = path / "config.json"
     if not config_file.is_file():
         raise SkipV1Error(f"{path} is not a model directory: it has no config.json")
     try:
         config = json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise SkipV1Error(f"{config_file} is not valid JSON ({err}): repair or re-download it") from None
+        raise SkipV1Error(
+            f"{config_file} is not valid JSON ({err}): repair or re-download it"
+        ) from None
     if not isinstance(config, dict):
         raise SkipV1Error(f"{config_file} is not a JSON object: repair or re-download it")
     return config
@@ -52,10 +56,17 @@ def check_supported(config: dict) -> None:
             f"unsupported architecture {arch}: supported are {', '.join(SOURCE_ARCHITECTURES)} "
             f"(and converted {SKIPV1_ARCHITECTURE})"
         )
-    for key in ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size",
-                "intermediate_size"):
+    for key in (
+        "num_hidden_layers",
+        "num_attention_heads",
+        "hidden_size",
+        "vocab_size",
+        "intermediate_size",
+    ):
         if not isinstance(config.get(key), int):
-            raise SkipV1Error(f"config.json lacks an integer {key!r}: it is not a complete {arch} config")
+            raise SkipV1Error(
+                f"config.json lacks an integer {key!r}: it is not a complete {arch} config"
+            )
 
 
 def default_skip_heads(num_kv_heads: int) -> int:
@@ -69,8 +80,11 @@ def describe(path: "str | Path", skip_v_heads: int | None = None) -> dict:
     check_supported(config)
     layout = kv_layout(config)
     converted = is_skipv1(config)
-    s = layout.skip_v_heads if converted else (
-        default_skip_heads(layout.num_kv_heads) if skip_v_heads is None else skip_v_heads)
+    s = (
+        layout.skip_v_heads
+        if converted
+        else (default_skip_heads(layout.num_kv_heads) if skip_v_heads is None else skip_v_heads)
+    )
     source_bytes = layout.with_skip(0).bytes_per_token(2)
     skip_bytes = layout.with_skip(s).bytes_per_token(2)
     return {

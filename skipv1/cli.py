@@ -23,8 +23,12 @@ app = typer.Typer(
 @cli_command
 def inspect(
     path: Annotated[Path, typer.Argument(help="Checkpoint directory (source or converted).")],
-    skip_heads: Annotated[int | None, typer.Option(
-        help="For a source checkpoint: the s to plan for (default: half the KV heads).")] = None,
+    skip_heads: Annotated[
+        int | None,
+        typer.Option(
+            help="For a source checkpoint: the s to plan for (default: half the KV heads)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Describe a checkpoint from its config.json alone: shape, parameters, KV bytes/token."""
@@ -34,9 +38,14 @@ def inspect(
         return
     table = Table(title=f"{info['path']}  ({info['architecture']})", show_header=False)
     rows = [
-        ("layers / heads / KV heads / head dim",
-         f"{info['num_layers']} / {info['num_heads']} / {info['num_kv_heads']} / {info['head_dim']}"),
-        ("skipped value heads s", f"{info['skip_v_heads']}" + ("" if info["is_skipv1"] else " (planned)")),
+        (
+            "layers / heads / KV heads / head dim",
+            f"{info['num_layers']} / {info['num_heads']} / {info['num_kv_heads']} / {info['head_dim']}",
+        ),
+        (
+            "skipped value heads s",
+            f"{info['skip_v_heads']}" + ("" if info["is_skipv1"] else " (planned)"),
+        ),
         ("parameters", f"{info['parameters']:,}"),
         ("KV bytes/token, source layout (bf16)", f"{info['kv_bytes_per_token_source_bf16']:,}"),
         ("KV bytes/token, SkipV1 layout (bf16)", f"{info['kv_bytes_per_token_skipv1_bf16']:,}"),

@@ -27,16 +27,27 @@ stdout = Console(soft_wrap=True)
 def byte_progress(quiet: bool = False) -> Progress:
     """A progress bar over bytes with throughput and ETA."""
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-        TransferSpeedColumn(), TimeRemainingColumn(), console=console, disable=quiet,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=quiet,
     )
 
 
 def step_progress(quiet: bool = False, *extra_columns) -> Progress:
     """A progress bar over counted steps."""
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        *extra_columns, TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=quiet,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        *extra_columns,
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=quiet,
     )
 
 

@@ -19,8 +19,14 @@ from typing import Any
 
 from .errors import SkipV1Error
 
-FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".jsonl": "json", ".json": "json",
-           ".parquet": "parquet"}
+FORMATS = {
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+}
 EMBEDDED_SPLITS = ("all", "train", "validation")
 
 
@@ -66,7 +72,9 @@ def _spec_from_mapping(spec: dict) -> DataSpec:
     allowed = {"files", "name", "config", "split", "text_field"}
     unknown = set(spec) - allowed
     if unknown:
-        raise SkipV1Error(f"unknown data key(s) {sorted(unknown)}: allowed keys are {sorted(allowed)}")
+        raise SkipV1Error(
+            f"unknown data key(s) {sorted(unknown)}: allowed keys are {sorted(allowed)}"
+        )
     text_field = spec.get("text_field", "text")
     if spec.get("files"):
         files = spec["files"] if isinstance(spec["files"], list) else [spec["files"]]
@@ -75,23 +83,41 @@ def _spec_from_mapping(spec: dict) -> DataSpec:
     if spec.get("name"):
         base = parse_data_spec(spec["name"])
         if base.kind != "hub":
-            return DataSpec(kind=base.kind, files=base.files, split=spec.get("split", base.split),
-                            text_field=text_field)
-        return DataSpec(kind="hub", name=base.name, config=spec.get("config", base.config),
-                        split=spec.get("split", base.split), text_field=text_field)
-    raise SkipV1Error("a data source needs `files` (local paths or globs) or `name` (a Hub dataset)")
+            return DataSpec(
+                kind=base.kind,
+                files=base.files,
+                split=spec.get("split", base.split),
+                text_field=text_field,
+            )
+        return DataSpec(
+            kind="hub",
+            name=base.name,
+            config=spec.get("config", base.config),
+            split=spec.get("split", base.split),
+            text_field=text_field,
+        )
+    raise SkipV1Error(
+        "a data source needs `files` (local paths or globs) or `name` (a Hub dataset)"
+    )
 
 
 def _looks_local(text: str) -> bool:
-    return (any(c in text for c in "*?[") or os.path.exists(text) or text.startswith((".", "/", "~"))
-            or Path(text).suffix.lower() in FORMATS)
+    return (
+        any(c in text for c in "*?[")
+        or os.path.exists(text)
+        or text.startswith((".", "/", "~"))
+        or Path(text).suffix.lower() in FORMATS
+    )
 
 
 def _expand_files(pattern: str) -> tuple[str, ...]:
     pattern = os.path.expanduser(pattern)
     if os.path.isdir(pattern):
-        paths = sorted(p for p in glob.glob(os.path.join(pattern, "**", "*"), recursive=True)
-                       if Path(p).suffix.lower() in FORMATS)
+        paths = sorted(
+            p
+            for p in glob.glob(os.path.join(pattern, "**", "*"), recursive=True)
+            if Path(p).suffix.lower() in FORMATS
+        )
     else:
         paths = sorted(glob.glob(pattern, recursive=True))
     if not paths:
@@ -138,8 +164,9 @@ def open_dataset(spec: "str | dict | DataSpec", streaming: bool = False):
         if spec.kind == "files":
             builder = FORMATS[Path(spec.files[0]).suffix.lower()]
             kwargs = {"sample_by": "document"} if builder == "text" else {}
-            return datasets.load_dataset(builder, data_files=list(spec.files), split="train",
-                                         streaming=streaming, **kwargs)
+            return datasets.load_dataset(
+                builder, data_files=list(spec.files), split="train", streaming=streaming, **kwargs
+            )
         return datasets.load_dataset(spec.name, spec.config, split=spec.split, streaming=streaming)
     except SkipV1Error:
         raise

@@ -17,8 +17,10 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def checkpoint(tmp_path, tokenizer_dir):
     """Factory: checkpoint(name, arch=..., shards=..., fmt=..., **config overrides) -> Path."""
+
     def _make(name: str = "src", **kwargs) -> Path:
         return make_checkpoint(tmp_path / name, tokenizer_dir=tokenizer_dir, **kwargs)
+
     return _make
 
 

@@ -32,27 +32,48 @@ def build_tokenizer(path: Path, vocab_size: int = 320) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(embedded_documents("train")[:40], trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS
+    )
     fast.save_pretrained(path)
     return Path(path)
 
 
 def tiny_config(arch: str = "llama", **overrides):
     config_cls, _ = ARCHS[arch]
-    fields = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                  num_attention_heads=4, num_key_value_heads=4, vocab_size=320,
-                  max_position_embeddings=256, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    fields = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=320,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     if arch in ("mistral", "qwen2"):
         fields["sliding_window"] = None
     fields.update(overrides)
     return config_cls(**fields)
 
 
-def make_checkpoint(path: Path, arch: str = "llama", shards: int = 1, fmt: str = "safetensors",
-                    tokenizer_dir: Path | None = None, seed: int = 0, **overrides) -> Path:
+def make_checkpoint(
+    path: Path,
+    arch: str = "llama",
+    shards: int = 1,
+    fmt: str = "safetensors",
+    tokenizer_dir: Path | None = None,
+    seed: int = 0,
+    **overrides,
+) -> Path:
     """Saves a random model; `shards` > 1 splits it; fmt='bin' writes PyTorch .bin shards."""
     torch.manual_seed(seed)
     config = tiny_config(arch, **overrides)
@@ -60,7 +81,9 @@ def make_checkpoint(path: Path, arch: str = "llama", shards: int = 1, fmt: str =
     path = Path(path)
     if fmt == "safetensors":
         total = sum(p.numel() * p.element_size() for p in model.state_dict().values())
-        model.save_pretrained(path, max_shard_size=max(total // shards + 1, 1024) if shards > 1 else "50GB")
+        model.save_pretrained(
+            path, max_shard_size=max(total // shards + 1, 1024) if shards > 1 else "50GB"
+        )
     else:
         _save_bin(model, path, shards)
     if tokenizer_dir is not None:
@@ -79,8 +102,10 @@ def _save_bin(model, path: Path, shards: int) -> None:
     per = -(-len(names) // shards)
     weight_map = {}
     for i in range(shards):
-        part = names[i * per:(i + 1) * per]
-        file = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin" if shards > 1 else "pytorch_model.bin"
+        part = names[i * per : (i + 1) * per]
+        file = (
+            f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin" if shards > 1 else "pytorch_model.bin"
+        )
         torch.save({k: state[k] for k in part}, path / file)
         weight_map.update({k: file for k in part})
     if shards > 1:

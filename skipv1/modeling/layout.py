@@ -45,7 +45,12 @@ def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:
 
     def attention(own_v: int) -> int:
         rows = heads * d + n_kv * d + own_v * d
-        return hidden * rows + (rows if qkv_bias else 0) + heads * d * hidden + (hidden if o_bias else 0)
+        return (
+            hidden * rows
+            + (rows if qkv_bias else 0)
+            + heads * d * hidden
+            + (hidden if o_bias else 0)
+        )
 
     mlp = 3 * hidden * inter + ((2 * inter + hidden) if mlp_bias else 0)
     per_layer_norms = 2 * hidden

@@ -67,7 +67,9 @@ class SkipV1LlamaAttention(LlamaAttention):
         )
         if config.o_proj_bias != config.attention_bias:
             self.o_proj = nn.Linear(
-                config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias
+                config.num_attention_heads * self.head_dim,
+                config.hidden_size,
+                bias=config.o_proj_bias,
             )
 
     def forward(
@@ -90,11 +92,15 @@ class SkipV1LlamaAttention(LlamaAttention):
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
 
         if cache is not None:
-            key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+            key_states, value_states = cache.update(
+                key_states, value_states, self.layer_idx, kwargs=kwargs
+            )
 
         # The SkipV1 difference: layer 0 publishes its values, later layers borrow the tail heads.
         if first_layer_values is None:
-            raise ValueError("SkipV1LlamaAttention needs `first_layer_values` from SkipV1LlamaModel.")
+            raise ValueError(
+                "SkipV1LlamaAttention needs `first_layer_values` from SkipV1LlamaModel."
+            )
         if self.layer_idx == 0:
             first_layer_values.value = value_states
         elif self.own_value_heads < self.config.num_key_value_heads:
