@@ -10,9 +10,12 @@ This file is copied next to converted weights (see `auto_map`), so it imports on
 and its sibling configuration file.
 """
 
+import json
+import os
 from collections.abc import Callable
 
 import torch
+from safetensors import safe_open
 from torch import nn
 from transformers.cache_utils import Cache, StaticLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -130,6 +133,31 @@ class SkipV1LlamaDecoderLayer(LlamaDecoderLayer):
         self.self_attn = SkipV1LlamaAttention(config=config, layer_idx=layer_idx)
 
 
+def check_value_projection_rows(path: "str | os.PathLike", config: SkipV1LlamaConfig) -> None:
+    """Fails with the numbers when a local checkpoint's v_proj rows disagree with `skip_v_heads`
+    (transformers' own error only says "size mismatch")."""
+    index_file = os.path.join(path, "model.safetensors.index.json")
+    name = "model.layers.1.self_attn.v_proj.weight"
+    if os.path.isfile(index_file):
+        with open(index_file) as f:
+            shard = json.load(f)["weight_map"].get(name)
+    else:
+        shard = "model.safetensors"
+    if config.num_hidden_layers < 2 or not shard or not os.path.isfile(os.path.join(path, shard)):
+        return
+    with safe_open(os.path.join(path, shard), framework="pt") as f:
+        if name not in f.keys():
+            return
+        rows = f.get_slice(name).get_shape()[0]
+    expected = config.own_value_heads(1) * config.head_dim
+    if rows != expected:
+        raise ValueError(
+            f"{name} has {rows} rows but skip_v_heads={config.skip_v_heads} with "
+            f"num_key_value_heads={config.num_key_value_heads} and head_dim={config.head_dim} needs "
+            f"(n_kv - s) * head_dim = {expected}: the config and the weights disagree."
+        )
+
+
 class SkipV1LlamaPreTrainedModel(LlamaPreTrainedModel):
     config_class = SkipV1LlamaConfig
     config: SkipV1LlamaConfig
@@ -140,6 +168,16 @@ class SkipV1LlamaPreTrainedModel(LlamaPreTrainedModel):
         "hidden_states": SkipV1LlamaDecoderLayer,
         "attentions": SkipV1LlamaAttention,
     }
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        path = pretrained_model_name_or_path
+        if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
+            config = kwargs.get("config")
+            if not isinstance(config, SkipV1LlamaConfig):
+                config = SkipV1LlamaConfig.from_pretrained(path)
+            check_value_projection_rows(path, config)
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
 
 class SkipV1LlamaModel(SkipV1LlamaPreTrainedModel, LlamaModel):

@@ -1,0 +1,79 @@
+"""`skipv1 inspect`: config-only description of source and converted checkpoints."""
+
+import json
+
+from typer.testing import CliRunner
+
+from skipv1.cli import app
+
+SMOLLM2_SHAPE = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
+
+
+def run(*args):
+    return CliRunner().invoke(app, list(map(str, args)))
+
+
+def test_inspect_source_reports_plan_and_saving(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_SHAPE))
+    result = run("inspect", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert info["skip_v_heads"] == 1 and not info["is_skipv1"]
+    # bf16: 2 * 64 * (2*3 + 29*(2*3 - 0)) and 2 * 64 * (2*3 + 29*(2*3 - 1))
+    assert info["kv_bytes_per_token_source_bf16"] == 23040
+    assert info["kv_bytes_per_token_skipv1_bf16"] == 19328
+    assert info["parameters"] == 134_515_008  # what transformers counts for SmolLM2-135M
+    assert info["parameters"] - info["parameters_skipv1"] == 29 * 576 * 64
+
+
+def test_inspect_converted_reads_skip_from_config(tmp_path):
+    config = dict(
+        SMOLLM2_SHAPE,
+        model_type="skipv1_llama",
+        skip_v_heads=2,
+        architectures=["SkipV1LlamaForCausalLM"],
+    )
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    info = json.loads(run("inspect", tmp_path, "--json").stdout)
+    assert info["is_skipv1"] and info["skip_v_heads"] == 2
+    assert info["kv_bytes_per_token_skipv1_bf16"] == 2 * 64 * (6 + 29 * 4)
+    assert info["parameters"] == info["parameters_skipv1"]
+
+
+def test_inspect_table_output(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_SHAPE))
+    result = run("inspect", tmp_path)
+    assert result.exit_code == 0
+    assert "19,328" in result.stdout and "16.1%" in result.stdout
+
+
+def test_inspect_bad_inputs_exit_2_with_one_line(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").write_text(
+        json.dumps({"architectures": ["GPT2LMHeadModel"]})
+    )
+    cases = {
+        tmp_path / "missing": "does not exist",
+        tmp_path / "empty": "no config.json",
+        tmp_path / "bad": "not valid JSON",
+        tmp_path / "odd": "unsupported architecture GPT2LMHeadModel",
+    }
+    for path, message in cases.items():
+        result = run("inspect", path)
+        assert result.exit_code == 2, (path, result.output)
+        assert message in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,278 @@
+"""The SkipV1 model family: equivalences, real KV saving, gradients, save/load, validation."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    DynamicCache,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+import skipv1  # noqa: F401  (registers the Auto classes)
+from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
+from skipv1.modeling.layout import KVLayout
+
+SHAPES = {"mha": (8, 8), "gqa": (8, 4), "odd": (9, 3)}
+
+
+def skip_config(heads=8, kv=4, s=2, layers=3, head_dim=8, **extra) -> SkipV1LlamaConfig:
+    return SkipV1LlamaConfig(
+        hidden_size=heads * head_dim,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        num_hidden_layers=layers,
+        intermediate_size=96,
+        vocab_size=97,
+        max_position_embeddings=128,
+        skip_v_heads=s,
+        **extra,
+    )
+
+
+def random_model(config, seed=0, attn="sdpa"):
+    torch.manual_seed(seed)
+    config._attn_implementation = attn
+    model = SkipV1LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # non-zero biases so that bias handling is exercised
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    return model
+
+
+def ids(batch=2, length=16, seed=1, vocab=97):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_v_proj_shapes_follow_the_checkpoint_contract():
+    model = random_model(skip_config(heads=8, kv=4, s=3, head_dim=8))
+    rows = [layer.self_attn.v_proj.weight.shape[0] for layer in model.model.layers]
+    assert rows == [4 * 8, 1 * 8, 1 * 8]
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_zero_skip_equals_stock_llama(attn):
+    llama_cfg = LlamaConfig(
+        **{
+            k: v
+            for k, v in skip_config(s=0).to_dict().items()
+            if k not in ("skip_v_heads", "o_proj_bias", "model_type")
+        }
+    )
+    llama_cfg._attn_implementation = attn
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(llama_cfg).eval()
+    skip = random_model(skip_config(s=0), attn=attn)
+    skip.load_state_dict(llama.state_dict())
+    x = ids()
+    with torch.no_grad():
+        assert torch.equal(skip(x).logits, llama(x).logits)
+
+
+def test_qwen2_style_bias_maps_onto_skipv1_with_zero_skip():
+    src_cfg = Qwen2Config(
+        hidden_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        num_hidden_layers=3,
+        intermediate_size=96,
+        vocab_size=97,
+        max_position_embeddings=128,
+        sliding_window=None,
+    )
+    torch.manual_seed(0)
+    qwen = Qwen2ForCausalLM(src_cfg).eval()
+    with torch.no_grad():
+        for name, p in qwen.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    skip = random_model(skip_config(s=0, attention_bias=True, o_proj_bias=False))
+    assert skip.model.layers[1].self_attn.o_proj.bias is None
+    skip.load_state_dict(qwen.state_dict())
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(skip(x).logits, qwen(x).logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_uncached_cached_and_stepwise_logits_agree(attn, shape):
+    heads, kv = SHAPES[shape]
+    model = random_model(
+        skip_config(heads=heads, kv=kv, s=kv // 2 or 1, attention_bias=True), attn=attn
+    )
+    x = ids(length=12)
+    with torch.no_grad():
+        full = model(x).logits
+        cache = DynamicCache(config=model.config)
+        prefill = model(x[:, :5], cache=cache, use_cache=True).logits
+        steps = [model(x[:, t : t + 1], cache=cache, use_cache=True).logits for t in range(5, 12)]
+    stepwise = torch.cat([prefill, *steps], dim=1)
+    torch.testing.assert_close(stepwise, full, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_generate_cache_bytes_match_the_formula(shape):
+    heads, kv = SHAPES[shape]
+    s = kv // 2
+    config = skip_config(heads=heads, kv=kv, s=s, layers=4)
+    model = random_model(config)
+    prompt = ids(batch=1, length=20)
+    out = model.generate(
+        prompt, max_new_tokens=1, do_sample=False, return_dict_in_generate=True, pad_token_id=0
+    )
+    cache = out.past_key_values
+    tokens = cache.get_seq_length()
+    measured = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    formula = KVLayout(4, kv, 8, s).bytes_per_token(dtype_bytes=4)
+    assert tokens == 20
+    assert measured == tokens * formula
+    for layer in cache.layers[1:]:
+        assert layer.values.shape[1] == kv - s and layer.keys.shape[1] == kv
+
+
+def test_static_cache_generates_the_same_tokens_as_dynamic():
+    model = random_model(skip_config(heads=9, kv=3, s=1))
+    prompt = ids(batch=2, length=7)
+    kwargs = dict(
+        max_new_tokens=8, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
+    )
+    dynamic = model.generate(prompt, **kwargs)
+    out = model.generate(
+        prompt, cache_implementation="static", return_dict_in_generate=True, **kwargs
+    )
+    assert torch.equal(out.sequences, dynamic)
+    values = [layer.values.shape[1] for layer in out.past_key_values.layers]
+    assert values == [3, 2, 2]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_forward_and_generate(dtype):
+    model = random_model(skip_config()).to(dtype)
+    out = model.generate(
+        ids(batch=1, length=6),
+        max_new_tokens=4,
+        do_sample=False,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.shape == (1, 10)
+    assert out.past_key_values.layers[1].values.dtype == dtype
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_later_layer_loss_trains_layer0_rows_of_the_shared_heads(checkpointing):
+    kv, s, d = 4, 2, 8
+    model = random_model(skip_config(kv=kv, s=s, layers=3, head_dim=d))
+    model.train()
+    if checkpointing:
+        model.activation_checkpointing_enable()
+    # Freeze layer 0's attention output so its shared-head rows get gradient only via later layers.
+    model.model.layers[0].self_attn.o_proj.weight.data.zero_()
+    loss = model(ids(), labels=ids()).loss
+    loss.backward()
+    grad = model.model.layers[0].self_attn.v_proj.weight.grad
+    own_rows, shared_rows = grad[: (kv - s) * d], grad[(kv - s) * d :]
+    assert shared_rows.abs().sum() > 0
+    assert own_rows.abs().sum() == 0  # only heads n_kv-s.. are read by later layers
+
+
+def test_rope_scaling_types_run_and_match_llama_at_zero_skip():
+    for rope in (
+        {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+        {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "rope_theta": 10000.0,
+        },
+    ):
+        skip = random_model(skip_config(s=0, rope_parameters=rope))
+        llama_cfg = LlamaConfig(
+            **{
+                k: v
+                for k, v in skip.config.to_dict().items()
+                if k not in ("skip_v_heads", "o_proj_bias", "model_type")
+            }
+        )
+        llama = LlamaForCausalLM(llama_cfg).eval()
+        llama.load_state_dict(skip.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(skip(ids()).logits, llama(ids()).logits)
+
+
+def test_save_load_round_trip_and_untied_embeddings(tmp_path):
+    model = random_model(skip_config(tie_word_embeddings=False))
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == "skipv1_llama" and config["skip_v_heads"] == 2
+    assert (
+        config["auto_map"]["AutoModelForCausalLM"] == "modeling_skipv1_llama.SkipV1LlamaForCausalLM"
+    )
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is SkipV1LlamaForCausalLM
+    with torch.no_grad():
+        assert torch.equal(loaded(ids()).logits, model(ids()).logits)
+
+
+def test_tied_embeddings_stay_tied(tmp_path):
+    model = random_model(skip_config(tie_word_embeddings=True))
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_remote_code_loads_without_skipv1_importable(tmp_path):
+    model = random_model(skip_config())
+    model.save_pretrained(tmp_path)
+    expected = model(ids()).logits
+    torch.save(expected, tmp_path / "expected.pt")
+    script = f"""
+import sys
+sys.modules["skipv1"] = None  # any `import skipv1` now fails
+import torch
+from transformers import AutoModelForCausalLM
+m = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval()
+assert type(m).__module__.startswith("transformers_modules"), type(m).__module__
+x = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
+with torch.no_grad():
+    torch.testing.assert_close(m(x).logits, torch.load({str(tmp_path / "expected.pt")!r}))
+print("OK")
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "OK" in result.stdout
+
+
+@pytest.mark.parametrize("s", [-1, 4, 5])
+def test_config_rejects_skip_out_of_range(s):
+    with pytest.raises(
+        Exception, match=rf"skip_v_heads={s} is out of range.*num_key_value_heads=4"
+    ):
+        skip_config(kv=4, s=s)
+
+
+def test_weights_disagreeing_with_skip_name_the_numbers(tmp_path):
+    random_model(skip_config(kv=4, s=2)).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["skip_v_heads"] = 1
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"has 16 rows but skip_v_heads=1 .* needs .* = 24"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
