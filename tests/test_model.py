@@ -130,7 +130,7 @@ def test_generate_cache_bytes_match_the_formula(shape):
     out = model.generate(
         prompt, max_new_tokens=1, do_sample=False, return_dict_in_generate=True, pad_token_id=0
     )
-    cache = out.past_key_values
+    cache = out.cache
     tokens = cache.get_seq_length()
     measured = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
     formula = KVLayout(4, kv, 8, s).bytes_per_token(dtype_bytes=4)
@@ -151,7 +151,7 @@ def test_static_cache_generates_the_same_tokens_as_dynamic():
         prompt, cache_implementation="static", return_dict_in_generate=True, **kwargs
     )
     assert torch.equal(out.sequences, dynamic)
-    values = [layer.values.shape[1] for layer in out.past_key_values.layers]
+    values = [layer.values.shape[1] for layer in out.cache.layers]
     assert values == [3, 2, 2]
 
 
@@ -166,7 +166,7 @@ def test_half_precision_forward_and_generate(dtype):
         return_dict_in_generate=True,
     )
     assert out.sequences.shape == (1, 10)
-    assert out.past_key_values.layers[1].values.dtype == dtype
+    assert out.cache.layers[1].values.dtype == dtype
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
