@@ -1,0 +1,388 @@
+"""`convert_checkpoint`: validate everything up front, then stream the source into a SkipV1
+checkpoint inside a temporary workspace and rename it into place."""
+
+import json
+import math
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..checkpoint_info import check_supported, is_skipv1, read_config
+from ..console import byte_progress, console
+from ..errors import SkipV1Error
+from .companions import companion_files, copy_companions, copy_modeling_code
+from .config import ConfigChange, skipv1_config
+from .init import apply_init
+from .plan import (
+    DROPPABLE_SUFFIXES,
+    REWRITE_V,
+    ConversionPlan,
+    make_plan,
+    shard_file_names,
+    shard_layout,
+)
+from .provenance import sha256_of, write_model_card, write_provenance
+from .reader import SourceWeights, download_from_hub, is_hub_id, iter_tensors, scan_weights
+from .writer import atomic_workspace, remove_stale_workspaces, write_shards
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# Room for headers, config, tokenizer and provenance beyond the tensor bytes.
+DISK_SLACK = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class Source:
+    label: str  # what the user gave
+    path: Path  # a directory, or the .gguf file
+    hub_id: str | None = None
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.suffix == ".gguf"
+
+
+@dataclass
+class Prepared:
+    """Everything known before the first output byte is written."""
+
+    root: Path
+    config: dict
+    plan: ConversionPlan
+    weights: SourceWeights
+    order: list[str]  # tensors to write, in read order
+    dropped: list[str]
+    target_dtype: dict[str, torch.dtype]
+    layout: list[list[str]]
+    out_config: dict
+    changes: list[ConfigChange]
+    companions: dict[str, list[str]]
+
+    def bytes_out(self) -> int:
+        return sum(
+            math.prod(self.plan.tasks[n].target_shape) * self.target_dtype[n].itemsize
+            for n in self.order
+        )
+
+
+def convert_checkpoint(
+    src: "str | Path",
+    dst: "str | Path",
+    *,
+    skip_heads: int | None = None,
+    init: str = "mean",
+    dtype: str = "auto",
+    shard_size: "str | int" = "5GB",
+    overwrite: bool = False,
+    dry_run: bool = False,
+    trust_remote_code: bool = False,
+    quiet: bool = False,
+) -> dict:
+    """Converts a Llama/Mistral/Qwen2 checkpoint to SkipV1 and returns the summary that
+    `skipv1 convert --json` prints. Raises SkipV1Error, before writing anything, on bad input."""
+    options = {
+        "skip_heads": skip_heads,
+        "init": init,
+        "dtype": dtype,
+        "shard_size": shard_size,
+        "max_shard_bytes": parse_shard_size(shard_size),
+        "trust_remote_code": trust_remote_code,
+    }
+    if dtype != "auto" and dtype not in DTYPES:
+        raise SkipV1Error(f"--dtype {dtype} is unknown: choose auto, {', '.join(DTYPES)}")
+    dst = Path(dst).expanduser().absolute()
+    source = locate_source(src)
+    check_destination(source.path, dst, overwrite)
+    if not source.is_gguf:
+        prepared = prepare(source.path, dst, options)
+        if dry_run:
+            return _warned(summarize(source, dst, prepared, options, dry_run=True))
+        stale = remove_stale_workspaces(dst)
+        with atomic_workspace(dst, overwrite) as work:
+            summary = write_output(source, dst, prepared, options, work / "out", quiet)
+    elif dry_run:
+        with tempfile.TemporaryDirectory(prefix="skipv1-gguf-") as tmp:
+            prepared = prepare(stage_gguf(source.path, Path(tmp) / "source"), dst, options)
+            return _warned(summarize(source, dst, prepared, options, dry_run=True))
+    else:
+        stale = remove_stale_workspaces(dst)
+        with atomic_workspace(dst, overwrite) as work:
+            prepared = prepare(stage_gguf(source.path, work / "source"), dst, options)
+            summary = write_output(source, dst, prepared, options, work / "out", quiet)
+    summary["removed_stale_workspaces"] = [str(p) for p in stale]
+    return _warned(summary)
+
+
+def _warned(summary: dict) -> dict:
+    for warning in summary["warnings"]:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    return summary
+
+
+# --- options and paths ------------------------------------------------------------------------
+
+
+def parse_shard_size(value: "str | int") -> int:
+    from transformers.utils.hub import convert_file_size_to_int
+
+    text = str(value).strip()
+    try:
+        size = int(text) if text.isdigit() else convert_file_size_to_int(text)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise SkipV1Error(f"--shard-size {value} is not a size: write e.g. 5GB, 500MB or 2GiB")
+    return size
+
+
+def locate_source(src: "str | Path") -> Source:
+    text = str(src)
+    path = Path(text).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return Source(text, path.absolute())
+    if not path.exists() and is_hub_id(text):
+        return Source(text, download_from_hub(text), hub_id=text)
+    read_config(path)  # the one-line errors for missing / not a directory / no config.json
+    return Source(text, path.absolute())
+
+
+def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
+    src_r, dst_r = src.resolve(), dst.resolve()
+    if dst_r == src_r or src_r in dst_r.parents:
+        raise SkipV1Error(f"DST {dst} is inside SRC {src}: choose a directory outside the source")
+    if dst.exists() or dst.is_symlink():
+        if not overwrite:
+            raise SkipV1Error(f"DST {dst} already exists: pass --overwrite or choose another DST")
+        if dst_r in src_r.parents:
+            raise SkipV1Error(
+                f"DST {dst} contains SRC {src}: overwriting it would delete the source; "
+                "choose another DST"
+            )
+
+
+def check_source_config(config: dict, root: Path, trust_remote_code: bool) -> None:
+    check_supported(config)
+    if is_skipv1(config):
+        raise SkipV1Error(
+            f"{root} is already a SkipV1 checkpoint (skip_v_heads={config.get('skip_v_heads')}): "
+            "convert its source model instead, or use it as it is"
+        )
+    if config.get("auto_map") and not trust_remote_code:
+        raise SkipV1Error(
+            f"{root}/config.json asks for custom code (auto_map {config['auto_map']}); skipv1 "
+            "never runs it, but its weights may not follow the standard layout: pass "
+            "--trust-remote-code to convert it as a standard "
+            f"{(config.get('architectures') or ['?'])[0]}"
+        )
+    heads, n_kv = config["num_attention_heads"], config.get("num_key_value_heads") or 0
+    if n_kv and heads % n_kv:
+        raise SkipV1Error(
+            f"config.json has {heads} attention heads and {n_kv} KV heads, which do not group "
+            "evenly: it is not a valid Llama-family config"
+        )
+
+
+def stage_gguf(gguf: Path, staging: Path) -> Path:
+    """A GGUF file dequantized through transformers into an ordinary HF directory."""
+    from ..smollm2 import export_gguf_as_hf
+
+    try:
+        return export_gguf_as_hf(gguf, staging)
+    except (ValueError, ImportError, OSError, KeyError) as err:
+        raise SkipV1Error(
+            f"{gguf} could not be read by transformers' GGUF loader ({err}): "
+            "give an HF checkpoint directory instead"
+        ) from None
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+def prepare(root: Path, dst: Path, options: dict) -> Prepared:
+    """Reads config and shard headers, checks them against each other and the options, and
+    plans the output; raises SkipV1Error on anything wrong. Reads no tensor data."""
+    config = read_config(root)
+    check_source_config(config, root, options["trust_remote_code"])
+    plan = make_plan(config, options["skip_heads"], options["init"])
+    weights = scan_weights(root)
+    order, dropped = check_tensors(plan, weights)
+    forced = DTYPES.get(options["dtype"])
+    target_dtype = {n: forced or weights.refs[n].dtype for n in order}
+    sizes = [(n, _nbytes(plan.tasks[n].target_shape, target_dtype[n])) for n in order]
+    layout = shard_layout(sizes, options["max_shard_bytes"])
+    out_config, changes = skipv1_config(config, plan, options["dtype"] if forced else None)
+    companions = companion_files(root)
+    prepared = Prepared(
+        root,
+        config,
+        plan,
+        weights,
+        order,
+        dropped,
+        target_dtype,
+        layout,
+        out_config,
+        changes,
+        companions,
+    )
+    check_free_disk(dst, prepared)
+    return prepared
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
+def check_tensors(plan: ConversionPlan, weights: SourceWeights) -> tuple[list[str], list[str]]:
+    """(tensors to write in read order, tensors dropped); every shape must match the config."""
+    order, dropped = [], []
+    for name, ref in weights.refs.items():
+        task = plan.tasks.get(name)
+        if task is None:
+            if name.endswith(DROPPABLE_SUFFIXES):
+                dropped.append(name)
+                continue
+            raise SkipV1Error(
+                f"{ref.file} holds tensor {name}, which a {plan.source.architecture} with this "
+                "config.json does not have: the weights and the config disagree"
+            )
+        if ref.shape != task.source_shape:
+            raise SkipV1Error(
+                f"tensor {name} in {ref.file} has shape {list(ref.shape)} but config.json "
+                f"implies {list(task.source_shape)}: the weights and the config disagree"
+            )
+        order.append(name)
+    missing = set(plan.tasks) - set(weights.refs) - plan.source.optional_tensors()
+    if missing:
+        first = sorted(missing, key=list(plan.tasks).index)[0]
+        raise SkipV1Error(
+            f"the weights lack {len(missing)} tensor(s) the config implies, e.g. {first}: "
+            "the checkpoint is incomplete; re-download it"
+        )
+    return order, dropped
+
+
+def check_free_disk(dst: Path, prepared: Prepared) -> None:
+    companions = sum(
+        _size_of(prepared.root / n) for names in prepared.companions.values() for n in names
+    )
+    need = prepared.bytes_out() + companions + DISK_SLACK
+    probe = dst.parent
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need > free:
+        raise SkipV1Error(
+            f"not enough free disk for {dst}: the output needs {need / 1e9:.2f} GB and "
+            f"{probe} has {free / 1e9:.2f} GB free; free some space or choose another DST"
+        )
+
+
+def _size_of(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def converted_tensors(prepared: Prepared) -> Iterator[tuple[str, torch.Tensor]]:
+    plan = prepared.plan
+    for name, tensor in iter_tensors(prepared.weights, set(prepared.order)):
+        if plan.tasks[name].action == REWRITE_V:
+            tensor = apply_init(plan.init, tensor, plan.source.num_kv_heads, plan.skip_heads)
+        target = prepared.target_dtype[name]
+        yield name, tensor if tensor.dtype == target else tensor.to(target)
+
+
+def write_output(
+    source: Source, dst: Path, prepared: Prepared, options: dict, out: Path, quiet: bool
+) -> dict:
+    with byte_progress(quiet) as progress:
+        task = progress.add_task("converting", total=prepared.bytes_out())
+
+        def advance(name: str, tensor: torch.Tensor) -> None:
+            progress.advance(task, tensor.numel() * tensor.element_size())
+
+        written = write_shards(out, prepared.layout, converted_tensors(prepared), advance)
+    (out / "config.json").write_text(json.dumps(prepared.out_config, indent=2) + "\n")
+    copy_companions(prepared.root, out, prepared.companions)
+    copy_modeling_code(out)
+    summary = summarize(source, dst, prepared, options, dry_run=False)
+    summary["total_size"] = written["total_size"]
+    hashes = {
+        "source_config_sha256": sha256_of(prepared.root / "config.json"),
+        "source_index_sha256": sha256_of(
+            prepared.root / prepared.weights.index_file if prepared.weights.index_file else None
+        ),
+    }
+    write_provenance(out, summary, hashes)
+    write_model_card(out, summary)
+    return summary
+
+
+# --- the summary ------------------------------------------------------------------------------
+
+
+def summarize(source: Source, dst: Path, prepared: Prepared, options: dict, dry_run: bool) -> dict:
+    plan, source_model = prepared.plan, prepared.plan.source
+    v0 = "model.layers.0.self_attn.v_proj.weight"
+    kv_dtype = prepared.target_dtype.get(v0, torch.bfloat16)
+    before = source_model.kv.bytes_per_token(kv_dtype.itemsize)
+    after = plan.kv_after.bytes_per_token(kv_dtype.itemsize)
+    params_before = sum(math.prod(plan.tasks[n].source_shape) for n in prepared.order)
+    params_after = sum(math.prod(plan.tasks[n].target_shape) for n in prepared.order)
+    changed = [t for t in plan.changed() if t.name in prepared.weights.refs]
+    warnings = [
+        f"config field {c.field} changed from {c.before} to {c.after}: {c.why}"
+        for c in prepared.changes
+        if c.field == "max_position_embeddings"
+    ]
+    if not prepared.companions["tokenizer"]:
+        warnings.append("the source has no tokenizer files: the output has none either")
+    if prepared.dropped:
+        warnings.append(f"dropped {len(prepared.dropped)} recomputed buffer(s) (rotary inv_freq)")
+    return {
+        "source": source.label,
+        "source_dir": str(prepared.root) if not source.is_gguf else str(source.path),
+        "source_format": "gguf" if source.is_gguf else prepared.weights.format,
+        "hub_id": source.hub_id,
+        "destination": str(dst),
+        "dry_run": dry_run,
+        "architecture": source_model.architecture,
+        "num_layers": source_model.num_layers,
+        "num_kv_heads": source_model.num_kv_heads,
+        "head_dim": source_model.head_dim,
+        "skip_heads": plan.skip_heads,
+        "init": plan.init,
+        "value_head_groups": [list(g) for g in plan.groups],
+        "options": {k: v for k, v in options.items() if k != "max_shard_bytes"},
+        "max_shard_bytes": options["max_shard_bytes"],
+        "output_files": shard_file_names(len(prepared.layout)),
+        "bytes_out": prepared.bytes_out(),
+        "tensors": {
+            "total": len(prepared.order),
+            "copied": len(prepared.order) - len(changed),
+            "rewritten": len(changed),
+            "dropped": prepared.dropped,
+        },
+        "tensors_changed": [
+            {"name": t.name, "from": list(t.source_shape), "to": list(t.target_shape)}
+            for t in changed
+        ],
+        "parameters": {"source": params_before, "skipv1": params_after},
+        "kv_bytes_per_token": {
+            "dtype": str(kv_dtype).removeprefix("torch."),
+            "source": before,
+            "skipv1": after,
+            "saving": 1 - after / before,
+        },
+        "config_changes": [c.as_dict() for c in prepared.changes],
+        "warnings": warnings,
+        "tokenizer_files": prepared.companions["tokenizer"],
+        "other_files": prepared.companions["other"],
+    }

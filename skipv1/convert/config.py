@@ -1,0 +1,97 @@
+"""The converted config.json, derived from the source config (pure): every source field, plus the
+SkipV1 fields, with each dropped or changed field recorded and explained."""
+
+from dataclasses import dataclass
+
+import transformers
+
+from ..checkpoint_info import SKIPV1_ARCHITECTURE, SKIPV1_MODEL_TYPE, SOURCE_ARCHITECTURES
+from .plan import ConversionPlan
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_skipv1_llama.SkipV1LlamaConfig",
+    "AutoModelForCausalLM": "modeling_skipv1_llama.SkipV1LlamaForCausalLM",
+}
+# Fields that switch on sliding-window masks in transformers; our model has full attention only.
+SLIDING_FIELDS = ("layer_types", "use_sliding_window", "max_window_layers")
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    field: str
+    before: object
+    after: object  # None with dropped=True means the field is gone
+    why: str
+    dropped: bool = False
+
+    def as_dict(self) -> dict:
+        out = {"field": self.field, "from": self.before, "why": self.why}
+        out["dropped" if self.dropped else "to"] = True if self.dropped else self.after
+        return out
+
+
+def sliding_window_active(config: dict) -> bool:
+    """Whether any layer of the source actually attends through a window shorter than its context."""
+    window = config.get("sliding_window")
+    max_pos = config.get("max_position_embeddings")
+    if window is None or (isinstance(max_pos, int) and window >= max_pos):
+        return False
+    if SOURCE_ARCHITECTURES.get(_arch(config)) != "qwen2":
+        return True
+    if not config.get("use_sliding_window", False):
+        return False
+    if config.get("layer_types"):
+        return "sliding_attention" in config["layer_types"]
+    return config.get("max_window_layers", 0) < config.get("num_hidden_layers", 0)
+
+
+def _arch(config: dict) -> str:
+    return (config.get("architectures") or [""])[0]
+
+
+def skipv1_config(
+    source: dict, plan: ConversionPlan, dtype: str | None
+) -> tuple[dict, list[ConfigChange]]:
+    """(config.json of the converted model, the changes made); `dtype` None keeps the source's."""
+    out = dict(source)
+    changes: list[ConfigChange] = []
+
+    def put(key: str, value, why: str) -> None:
+        if out.get(key, object()) != value:
+            changes.append(ConfigChange(key, out.get(key), value, why))
+        out[key] = value
+
+    def drop(key: str, why: str) -> None:
+        if key in out:
+            changes.append(ConfigChange(key, out.pop(key), None, why, dropped=True))
+
+    put("architectures", [SKIPV1_ARCHITECTURE], "SkipV1 model class")
+    put("model_type", SKIPV1_MODEL_TYPE, "SkipV1 model type")
+    if "auto_map" in source:
+        drop("auto_map", "the source's custom code is replaced by the SkipV1 modeling code")
+    put("auto_map", dict(AUTO_MAP), "loads the modeling code saved next to the weights")
+    put("skip_v_heads", plan.skip_heads, "value heads each later layer takes from layer 0")
+    put("attention_bias", plan.source.qkv_bias, "q/k/v projections carry a bias")
+    put("o_proj_bias", plan.source.o_bias, "output projection bias, separately from q/k/v")
+    put("head_dim", plan.source.head_dim, "stated explicitly")
+    _drop_sliding_window(source, out, put, drop)
+    if dtype is not None:
+        put("dtype", dtype, "--dtype")
+        drop("torch_dtype", "superseded by dtype")
+    put("transformers_version", transformers.__version__, "written by this transformers")
+    return out, changes
+
+
+def _drop_sliding_window(source: dict, out: dict, put, drop) -> None:
+    if "sliding_window" not in source and not any(k in source for k in SLIDING_FIELDS):
+        return
+    if sliding_window_active(source):
+        put(
+            "max_position_embeddings",
+            source["sliding_window"],
+            "the source attends through a sliding window and SkipV1 has full attention only: "
+            "the converted model is exact only within the window",
+        )
+    for key in SLIDING_FIELDS:
+        drop(key, "SkipV1 attends over the full context (no sliding-window layers)")
+    put("sliding_window", None, "SkipV1 attends over the full context")

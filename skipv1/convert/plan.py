@@ -1,0 +1,182 @@
+"""The conversion plan, derived from the source config alone (no I/O): which tensors a source
+checkpoint must hold, with which shapes, and what happens to each (copy, or rewrite the value
+rows of a later layer's v_proj). Also the output shard layout, from tensor sizes."""
+
+from dataclasses import dataclass, field
+
+from ..checkpoint_info import SOURCE_ARCHITECTURES, architecture, default_skip_heads
+from ..errors import SkipV1Error
+from ..modeling.layout import KVLayout, kv_layout
+from .init import INITS, value_head_groups
+
+COPY = "copy"
+REWRITE_V = "rewrite_v"
+# Buffers some old checkpoints saved; the model recomputes them.
+DROPPABLE_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+@dataclass(frozen=True)
+class SourceModel:
+    """The facts about a Llama-family source that decide tensor names and shapes."""
+
+    architecture: str
+    num_layers: int
+    hidden: int
+    heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    tied: bool
+
+    @classmethod
+    def from_config(cls, config: dict) -> "SourceModel":
+        arch = architecture(config)
+        layout = kv_layout(config)
+        qwen2 = SOURCE_ARCHITECTURES.get(arch) == "qwen2"
+        attention_bias = bool(config.get("attention_bias", False))
+        return cls(
+            architecture=arch,
+            num_layers=layout.num_layers,
+            hidden=config["hidden_size"],
+            heads=config["num_attention_heads"],
+            num_kv_heads=layout.num_kv_heads,
+            head_dim=layout.head_dim,
+            intermediate=config["intermediate_size"],
+            vocab=config["vocab_size"],
+            # Qwen2 always has q/k/v biases and never an o_proj bias.
+            qkv_bias=qwen2 or attention_bias,
+            o_bias=False if qwen2 else attention_bias,
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            tied=bool(config.get("tie_word_embeddings", False)),
+        )
+
+    @property
+    def kv(self) -> KVLayout:
+        return KVLayout(self.num_layers, self.num_kv_heads, self.head_dim)
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor a checkpoint of this config holds (lm_head optional when tied)."""
+        h, q_rows, kv_rows = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        )
+        shapes = {"model.embed_tokens.weight": (self.vocab, h)}
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            linears = {
+                "self_attn.q_proj": ((q_rows, h), self.qkv_bias),
+                "self_attn.k_proj": ((kv_rows, h), self.qkv_bias),
+                "self_attn.v_proj": ((kv_rows, h), self.qkv_bias),
+                "self_attn.o_proj": ((h, q_rows), self.o_bias),
+                "mlp.gate_proj": ((self.intermediate, h), self.mlp_bias),
+                "mlp.up_proj": ((self.intermediate, h), self.mlp_bias),
+                "mlp.down_proj": ((h, self.intermediate), self.mlp_bias),
+            }
+            for name, (shape, bias) in linears.items():
+                shapes[p + name + ".weight"] = shape
+                if bias:
+                    shapes[p + name + ".bias"] = shape[:1]
+            shapes[p + "input_layernorm.weight"] = (h,)
+            shapes[p + "post_attention_layernorm.weight"] = (h,)
+        shapes["model.norm.weight"] = (h,)
+        shapes["lm_head.weight"] = (self.vocab, h)
+        return shapes
+
+    def optional_tensors(self) -> set[str]:
+        return {"lm_head.weight"} if self.tied else set()
+
+
+@dataclass(frozen=True)
+class TensorTask:
+    name: str
+    action: str  # COPY | REWRITE_V
+    source_shape: tuple[int, ...]
+    target_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ConversionPlan:
+    source: SourceModel
+    skip_heads: int
+    init: str
+    tasks: dict[str, TensorTask] = field(repr=False)
+
+    @property
+    def own_heads(self) -> int:
+        return self.source.num_kv_heads - self.skip_heads
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """Source value heads each own head of a later layer is made from."""
+        if self.init == "keep":
+            return tuple((j,) for j in range(self.own_heads))
+        return value_head_groups(self.source.num_kv_heads, self.skip_heads)
+
+    @property
+    def kv_after(self) -> KVLayout:
+        return self.source.kv.with_skip(self.skip_heads)
+
+    def changed(self) -> list[TensorTask]:
+        return [t for t in self.tasks.values() if t.action != COPY]
+
+
+def is_later_v_proj(name: str) -> bool:
+    """model.layers.{i}.self_attn.v_proj.{weight,bias} with i >= 1."""
+    parts = name.split(".")
+    return (
+        len(parts) == 6
+        and parts[:2] == ["model", "layers"]
+        and parts[2].isdigit()
+        and int(parts[2]) >= 1
+        and parts[3:5] == ["self_attn", "v_proj"]
+    )
+
+
+def make_plan(config: dict, skip_heads: int | None = None, init: str = "mean") -> ConversionPlan:
+    """The plan for a source config; raises SkipV1Error for options the config cannot take."""
+    source = SourceModel.from_config(config)
+    n_kv = source.num_kv_heads
+    s = default_skip_heads(n_kv) if skip_heads is None else skip_heads
+    if not 0 <= s < n_kv:
+        raise SkipV1Error(
+            f"--skip-heads {s} is out of range: this model has {n_kv} KV heads, "
+            f"choose 0 <= N <= {n_kv - 1}"
+        )
+    if init not in INITS:
+        raise SkipV1Error(f"--init {init} is unknown: choose one of {', '.join(INITS)}")
+    tasks = {}
+    for name, shape in source.expected_shapes().items():
+        if s and is_later_v_proj(name):
+            target = ((n_kv - s) * source.head_dim, *shape[1:])
+            tasks[name] = TensorTask(name, REWRITE_V, shape, target)
+        else:
+            tasks[name] = TensorTask(name, COPY, shape, shape)
+    return ConversionPlan(source, s, init, tasks)
+
+
+def shard_layout(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:
+    """Greedy, in order: a shard takes tensors while it stays under the limit; a tensor larger
+    than the limit gets a shard of its own (as transformers does)."""
+    shards: list[list[str]] = []
+    current: list[str] = []
+    filled = 0
+    for name, nbytes in sizes:
+        if current and filled + nbytes > max_shard_bytes:
+            shards.append(current)
+            current, filled = [], 0
+        current.append(name)
+        filled += nbytes
+    if current or not shards:
+        shards.append(current)
+    return shards
+
+
+def shard_file_names(count: int) -> list[str]:
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]

@@ -1,0 +1,140 @@
+"""Atomic, streaming output: a temporary workspace beside DST that is renamed on success and
+removed on any error, Ctrl-C or SIGTERM; safetensors shards written as they fill, index last."""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .plan import shard_file_names
+
+TMP_MARK = ".skipv1-tmp-"
+
+
+def workspace_path(dst: Path, pid: int | None = None) -> Path:
+    return dst.parent / f".{dst.name}{TMP_MARK}{os.getpid() if pid is None else pid}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_workspaces(dst: Path) -> list[Path]:
+    """Removes temporary directories of earlier conversions to DST whose process is gone
+    (killed with SIGKILL, or the machine went down)."""
+    removed = []
+    for path in dst.parent.glob(f".{dst.name}{TMP_MARK}*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Turns SIGTERM into SystemExit(143) so that cleanup runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def atomic_workspace(dst: Path, overwrite: bool) -> Iterator[Path]:
+    """Yields a fresh workspace; its `out/` becomes DST when the block succeeds. Anything else
+    (exception, Ctrl-C, SIGTERM) removes the workspace and leaves DST as it was."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    work = workspace_path(dst)
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "out").mkdir(parents=True)
+    try:
+        with _sigterm_raises():
+            yield work
+            _publish(work, dst, overwrite)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish(work: Path, dst: Path, overwrite: bool) -> None:
+    # safetensors creates files 0600; give the output the permissions the user's umask asks for.
+    mode = 0o666 & ~_umask()
+    for path in (work / "out").rglob("*"):
+        if path.is_file():
+            path.chmod(mode)
+    if dst.exists() or dst.is_symlink():
+        if not overwrite:  # it appeared while we were converting
+            raise FileExistsError(f"{dst} appeared during the conversion; nothing was replaced")
+        # Move the old one aside first so DST is never a mix of old and new files.
+        os.rename(dst, work / "previous")
+    os.rename(work / "out", dst)
+
+
+def _unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share storage (tied weights saved twice in a .bin)."""
+    seen, out = set(), {}
+    for name, tensor in tensors.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        out[name] = tensor.clone() if key in seen else tensor
+        seen.add(key)
+    return out
+
+
+def write_shards(
+    out: Path,
+    layout: list[list[str]],
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    on_tensor=None,
+) -> dict:
+    """Streams (name, tensor) pairs, arriving in layout order, into safetensors shards; each shard
+    is written as soon as its last tensor arrives and then freed. Writes the index last (when
+    there is more than one shard) and returns {"files": [...], "total_size": bytes}."""
+    files = shard_file_names(len(layout))
+    shard_of = {name: i for i, names in enumerate(layout) for name in names}
+    pending: dict[str, torch.Tensor] = {}
+    current, total, weight_map = 0, 0, {}
+    for name, tensor in tensors:
+        if shard_of.get(name) != current:
+            raise RuntimeError(f"tensor {name} arrived out of the planned shard order")
+        pending[name] = tensor
+        total += tensor.numel() * tensor.element_size()
+        weight_map[name] = files[current]
+        if on_tensor is not None:
+            on_tensor(name, tensor)
+        if len(pending) == len(layout[current]):
+            save_file(_unshare(pending), out / files[current], metadata={"format": "pt"})
+            pending.clear()
+            current += 1
+    if current != len(layout):
+        raise RuntimeError(f"only {current} of {len(layout)} shards were completed")
+    if len(files) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return {"files": files, "total_size": total}
