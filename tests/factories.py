@@ -94,6 +94,8 @@ def make_checkpoint(
 
 def _save_bin(model, path: Path, shards: int) -> None:
     path.mkdir(parents=True, exist_ok=True)
+    # Real .bin checkpoints name their class, as model.save_pretrained would.
+    model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(path)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
