@@ -2,7 +2,9 @@
 the demo both use it). Every input is checked before the first model loads; then the models are
 loaded one at a time, measured with identical settings and data, and freed."""
 
+import contextlib
 import gc
+import logging
 import platform
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,8 +47,40 @@ class CachedTexts:
             yield text
 
     def check_not_empty(self, spec: str) -> None:
-        if next(iter(self), None) is None:
+        with _silent_datasets():  # its bars and error logs would break the one-line error
+            first = next(iter(self), None)
+        if first is None:
             raise SkipV1Error(f"data {spec} holds no non-empty text: give a spec with text in it")
+
+
+@contextlib.contextmanager
+def _silent_datasets():
+    import datasets
+
+    bars, level = datasets.is_progress_bar_enabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
+@contextlib.contextmanager
+def _transformers_bars(enabled: bool):
+    """--quiet also silences transformers' "Loading weights" bars."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def resolve_settings(paths: list[str], settings: EvalSettings) -> tuple[list[dict], EvalSettings]:
@@ -88,7 +122,8 @@ def evaluate_models(paths: list["str | Path"], settings: EvalSettings | None = N
 
     models = []
     for path, config in zip(paths, configs, strict=True):
-        entry = _evaluate_one(path, config, settings, texts, prompt, device, dtype)
+        with _transformers_bars(not settings.quiet):
+            entry = _evaluate_one(path, config, settings, texts, prompt, device, dtype)
         if manager is not None:
             if not settings.quiet:
                 console.print(f"[bold]{path}[/]: lm-eval {', '.join(settings.tasks)}")
