@@ -1,0 +1,1 @@
+"""Uptraining: recipe schema, data packing, the DeepSpeed loop, checkpoint/resume, export."""

@@ -1,0 +1,187 @@
+"""Checkpoints: DeepSpeed's own (model, optimizer, lr scheduler; ZeRO shards per rank) plus
+`trainer_state.json` (step, tokens, data position, world size) and per-rank RNG states.
+
+A checkpoint directory `step_XXXXXXXX` counts only once rank 0 has written its `complete` marker,
+after a barrier that every rank reaches when its shards are on disk. A run killed mid-save
+leaves a directory without the marker, which `resume: auto` ignores and the next save replaces.
+
+Resuming on a different number of ranks: ZeRO shards are partitioned by the data-parallel world
+size, so rank 0 first converts the checkpoint with DeepSpeed's universal-checkpoint tool
+(`ds_to_universal`, into `step_XXXXXXXX.universal`, atomically) and every rank loads it with
+`checkpoint.load_universal`. The data order does not depend on the world size (see data.py), so
+the resumed run sees the same global batches.
+"""
+
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import SkipV1Error
+
+COMPLETE = "complete"
+STATE_FILE = "trainer_state.json"
+TAG_RE = re.compile(r"^step_(\d{8})$")
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    if not Path(ckpt_dir).is_dir():
+        return []
+    found = [
+        p for p in Path(ckpt_dir).iterdir() if TAG_RE.match(p.name) and (p / COMPLETE).is_file()
+    ]
+    return sorted(found, key=lambda p: p.name)
+
+
+def resolve_resume(resume: str, ckpt_dir: Path) -> Path | None:
+    """`auto`: the latest complete checkpoint or None; `never`: None (refusing to mix a fresh
+    run into a directory that holds checkpoints); else the given checkpoint directory."""
+    existing = complete_checkpoints(ckpt_dir)
+    if resume == "auto":
+        return existing[-1] if existing else None
+    if resume == "never":
+        if existing:
+            raise SkipV1Error(
+                f"{ckpt_dir} already holds checkpoints ({existing[-1].name}) and "
+                "checkpoint.resume is `never`: use resume: auto, or a new --run-dir"
+            )
+        return None
+    path = Path(resume)
+    if not (path / COMPLETE).is_file() or not (path / STATE_FILE).is_file():
+        raise SkipV1Error(
+            f"checkpoint.resume {path} is not a complete checkpoint (no `{COMPLETE}` marker): "
+            "give a step_XXXXXXXX directory written by skipv1 uptrain"
+        )
+    return path
+
+
+def read_state(ckpt: Path) -> dict:
+    return json.loads((Path(ckpt) / STATE_FILE).read_text())
+
+
+def rng_state() -> dict:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _write_durable(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save(engine, ckpt_dir: Path, state: dict, rank: int, keep_last: int) -> Path:
+    """Every rank calls this; returns the checkpoint directory once it is complete."""
+    ckpt_dir = Path(ckpt_dir)
+    tag = tag_for(state["step"])
+    path = ckpt_dir / tag
+    if rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if path.exists():  # an incomplete leftover of a killed run
+            shutil.rmtree(path)
+    _barrier()
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, save_latest=False)
+    torch.save(rng_state(), path / f"rng_rank{rank}.pt")
+    _barrier()
+    if rank == 0:
+        _write_durable(path / STATE_FILE, json.dumps(state, indent=2))
+        _write_durable(path / COMPLETE, "")
+        prune(ckpt_dir, keep_last)
+    _barrier()
+    return path
+
+
+def prune(ckpt_dir: Path, keep_last: int) -> None:
+    """Deletes all but the newest `keep_last` complete checkpoints (and their conversions)."""
+    for old in complete_checkpoints(ckpt_dir)[:-keep_last]:
+        (old / COMPLETE).unlink()  # first, so a crash mid-delete leaves no "complete" husk
+        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old.with_name(old.name + ".universal"), ignore_errors=True)
+
+
+def universal_copy(ckpt: Path, rank: int) -> Path:
+    """The universal-checkpoint conversion of `ckpt`, made once by rank 0 (temp dir + rename)."""
+    out = ckpt.with_name(ckpt.name + ".universal")
+    if rank == 0 and not (out / COMPLETE).is_file():
+        tmp = ckpt.with_name(ckpt.name + ".universal.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder",
+            str(ckpt),
+            "--output_folder",
+            str(tmp),
+            "--inject_missing_state",
+            "--num_extract_workers",
+            "1",
+            "--num_merge_workers",
+            "1",
+        ]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            tail = (result.stderr or result.stdout).strip().splitlines()[-1:]
+            raise SkipV1Error(
+                f"converting {ckpt} to a universal checkpoint failed ({' '.join(tail)}): resume "
+                "on the world size it was saved with"
+            )
+        for name in (STATE_FILE, COMPLETE):
+            shutil.copy(ckpt / name, tmp / name)
+        tmp.rename(out)
+    _barrier()
+    return out
+
+
+def load(engine, ckpt: Path, rank: int, world_size: int) -> dict:
+    """Restores engine, scheduler and (same world size) RNG states; returns trainer state."""
+    state = read_state(ckpt)
+    same_world = state["world_size"] == world_size
+    source = ckpt if same_world else universal_copy(ckpt, rank)
+    load_path, _ = engine.load_checkpoint(
+        str(source.parent),
+        tag=source.name,
+        load_optimizer_states=True,
+        load_lr_scheduler_states=True,
+    )
+    if load_path is None:
+        raise SkipV1Error(f"DeepSpeed could not load checkpoint {source}: it may be damaged")
+    rng_file = ckpt / f"rng_rank{rank}.pt"
+    if same_world and rng_file.is_file():
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return state

@@ -1,0 +1,142 @@
+"""The distributed side: process group, the DeepSpeed config built from the recipe, the
+optimizer and `deepspeed.initialize`. DeepSpeed does ZeRO partitioning, mixed precision,
+gradient accumulation and clipping; the loop in trainer.py stays ours and visible.
+
+Optimizer choice: torch.optim.AdamW as DeepSpeed's client optimizer (no JIT-built op; `fused`
+on CUDA), DeepSpeedCPUAdam when the optimizer state is offloaded to CPU (DeepSpeed requires it).
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import SkipV1Error
+from .recipe import Recipe, gradient_accumulation
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def dist_env() -> DistEnv:
+    """RANK / WORLD_SIZE / LOCAL_RANK as set by torchrun, the DeepSpeed launcher or SLURM
+    wrappers; a plain process is rank 0 of 1."""
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    return DistEnv(rank, world, local, device)
+
+
+def init_distributed(env: DistEnv) -> None:
+    """NCCL on GPUs, gloo on CPU; a single process still gets a (1-rank) group for DeepSpeed."""
+    import deepspeed
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    os.environ.setdefault("RANK", str(env.rank))
+    os.environ.setdefault("WORLD_SIZE", str(env.world_size))
+    os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
+    if env.device.type == "cpu":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+        if "OMP_NUM_THREADS" not in os.environ or local_world == 1:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if not dist.is_initialized():
+        backend = "nccl" if env.device.type == "cuda" else "gloo"
+        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
+def deepspeed_config(recipe: Recipe, world_size: int, load_universal: bool = False) -> dict:
+    """The DeepSpeed config: a user JSON as the base (if given), with the batch geometry,
+    precision and clipping always taken from the recipe so the two cannot disagree."""
+    ds = recipe.deepspeed
+    config: dict = {}
+    if ds.config:
+        try:
+            config = json.loads(Path(ds.config).read_text())
+        except json.JSONDecodeError as err:
+            raise SkipV1Error(f"`deepspeed.config` {ds.config} is not valid JSON: {err}") from None
+    for section in ("optimizer", "scheduler"):  # the recipe's `optim` section owns these
+        config.pop(section, None)
+    gas = gradient_accumulation(recipe, world_size)
+    config.update(
+        train_batch_size=recipe.blocks_per_step,
+        train_micro_batch_size_per_gpu=recipe.batch.micro_batch_size,
+        gradient_accumulation_steps=gas,
+        gradient_clipping=recipe.optim.grad_clip,
+        steps_per_print=10**12,
+        wall_clock_breakdown=False,
+        zero_allow_untested_optimizer=True,
+    )
+    if not ds.config or "zero_optimization" not in config:
+        zero: dict = {"stage": ds.zero_stage}
+        if ds.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if ds.offload_params:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        if ds.zero_stage == 3:
+            zero["stage3_gather_16bit_weights_on_model_save"] = False
+        config["zero_optimization"] = zero
+    dtype = recipe.model.dtype
+    config["bf16"] = {"enabled": dtype == "bfloat16"}
+    config["fp16"] = {"enabled": dtype == "float16", "loss_scale": 0, "initial_scale_power": 16}
+    if load_universal:
+        config.setdefault("checkpoint", {})["load_universal"] = True
+    return config
+
+
+def zero_stage(config: dict) -> int:
+    return int(config.get("zero_optimization", {}).get("stage", 0))
+
+
+def offloads_optimizer(config: dict) -> bool:
+    offload = config.get("zero_optimization", {}).get("offload_optimizer") or {}
+    return offload.get("device", "none") == "cpu"
+
+
+def make_optimizer(model: torch.nn.Module, recipe: Recipe, device: torch.device, offload: bool):
+    """AdamW with weight decay on matrices only (not on biases, norms or embeddings)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        is_matrix = param.ndim >= 2 and "embed" not in name
+        (decay if is_matrix else no_decay).append(param)
+    o = recipe.optim
+    groups = [
+        {"params": decay, "weight_decay": o.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    kwargs = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+    if offload:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+    return torch.optim.AdamW(groups, fused=device.type == "cuda", **kwargs)
+
+
+def initialize(model, optimizer, scheduler_fn, config: dict):
+    import deepspeed
+
+    engine, _, _, scheduler = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler_fn, config=config
+    )
+    return engine, scheduler

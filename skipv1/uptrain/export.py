@@ -1,0 +1,158 @@
+"""Export: a consolidated checkpoint in the DESIGN.md format (save_pretrained, so config with
+`auto_map` and the modeling code next to the weights), the tokenizer, `skipv1_uptrain.json` and a
+model card. Written into a temp directory and renamed, so a half-written export never exists.
+
+Weights come from the live engine at the end of a run (ZeRO-3 parameters gathered), or, for
+`skipv1 export RUN_DIR DST`, from a checkpoint on disk (ZeRO shards merged by DeepSpeed's
+`zero_to_fp32`), without any process group.
+"""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..errors import SkipV1Error
+from .checkpointing import complete_checkpoints, read_state
+
+UPTRAIN_FILE = "skipv1_uptrain.json"
+
+
+def gather_live_state_dict(engine, rank: int) -> dict | None:
+    """Full weights of the engine's module on rank 0 (every rank must call this)."""
+    module = engine.module
+    if engine.zero_optimization_stage() == 3:
+        import deepspeed
+
+        params = list(module.parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            if rank != 0:
+                return None
+            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+    if rank != 0:
+        return None
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+def checkpoint_state_dict(ckpt: Path) -> dict:
+    """Full fp32 (ZeRO >= 1) or training-dtype (no ZeRO) weights from a checkpoint directory."""
+    state = read_state(ckpt)
+    if state.get("zero_stage", 0) == 0:
+        files = sorted(ckpt.glob("mp_rank_*_model_states.pt"))
+        if not files:
+            raise SkipV1Error(f"{ckpt} holds no model states file: the checkpoint is damaged")
+        return torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    """The newest complete checkpoint of a run (its recipe may point the checkpoints elsewhere)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise SkipV1Error(f"{run_dir} does not exist: give the --run-dir of an uptrain run")
+    ckpt_dir = run_dir / "checkpoints"
+    recipe_file = run_dir / "recipe.yaml"
+    if recipe_file.is_file():
+        import yaml
+
+        custom = (yaml.safe_load(recipe_file.read_text()) or {}).get("checkpoint", {}).get("dir")
+        ckpt_dir = Path(custom) if custom else ckpt_dir
+    found = complete_checkpoints(ckpt_dir)
+    if not found:
+        raise SkipV1Error(
+            f"{run_dir} has no complete checkpoint under {ckpt_dir}: "
+            "run (or resume) `skipv1 uptrain` first"
+        )
+    return found[-1]
+
+
+def write_export(
+    state_dict: dict,
+    model_dir: Path,
+    dst: Path,
+    info: dict,
+    recipe_yaml: str,
+    overwrite: bool = False,
+) -> Path:
+    """Writes the HF checkpoint for `state_dict` with the config/tokenizer of `model_dir`."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    dst = Path(dst)
+    if dst.exists() and not overwrite:
+        raise SkipV1Error(f"{dst} already exists: pass --overwrite or choose another destination")
+    trust = bool(info.get("trust_remote_code"))
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust)
+    dtype = getattr(torch, info["dtype"])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust)
+    weights = {k: v.to(dtype) for k, v in state_dict.items()}
+    missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
+    tied = {"lm_head.weight"} if config.get_text_config().tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise SkipV1Error(
+            f"the checkpoint's weights do not match the model in {model_dir} (missing "
+            f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]})"
+        )
+    if tied:
+        model.tie_weights()
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust).save_pretrained(tmp)
+    provenance = Path(model_dir) / "skipv1_conversion.json"
+    if provenance.is_file():
+        shutil.copy(provenance, tmp / provenance.name)
+    (tmp / UPTRAIN_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    (tmp / "README.md").write_text(model_card(info, recipe_yaml))
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(dst)
+    return dst
+
+
+def model_card(info: dict, recipe_yaml: str) -> str:
+    return f"""---
+library_name: transformers
+tags: [skipv1, skipv1former, uptrained]
+---
+# {Path(info["model"]).name} uptrained with skipv1
+
+SkipV1Former checkpoint (layers >= 1 take {info.get("skip_v_heads", "?")} value heads from layer 0;
+arXiv 2510.16807), continued-pretrained with `skipv1 uptrain`.
+
+- starting model: `{info["model"]}`
+- tokens trained: {info["tokens"]:,} ({info["steps"]} optimizer steps of {info["tokens_per_step"]:,} tokens)
+- approximate training compute: {info["train_flops"]:.3g} FLOPs (6 x parameters x tokens)
+- fraction of the source's pretraining compute: {_fraction(info.get("pretraining_fraction"))}
+- final eval perplexity: {info.get("final_eval_ppl") or "not measured"}
+- weights: {info["dtype"]}, exported from checkpoint step {info["steps"]}
+
+Load with `AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)` (or `import skipv1`
+first). Details in `{UPTRAIN_FILE}`.
+
+## Recipe
+```yaml
+{recipe_yaml.rstrip()}
+```
+"""
+
+
+def _fraction(value) -> str:
+    return "unknown (budget.pretraining_tokens not set)" if value is None else f"{value:.4%}"
+
+
+def export_run(run_dir: Path, dst: Path, checkpoint: Path | None = None, overwrite=False) -> Path:
+    """`skipv1 export`: the latest (or given) complete checkpoint of a run as an HF checkpoint."""
+    ckpt = Path(checkpoint) if checkpoint else latest_checkpoint(run_dir)
+    state = read_state(ckpt)
+    info = dict(state["export_info"], steps=state["step"], tokens=state["tokens"])
+    info["final_eval_ppl"] = state.get("last_eval_ppl")
+    recipe_file = Path(run_dir) / "recipe.yaml"
+    recipe_yaml = recipe_file.read_text() if recipe_file.is_file() else ""
+    weights = checkpoint_state_dict(ckpt)
+    return write_export(weights, Path(state["model_dir"]), dst, info, recipe_yaml, overwrite)

@@ -1,0 +1,60 @@
+"""Starting ranks. `skipv1 uptrain --nproc N` spawns N local ranks with torchrun (which sets
+RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR); multi-node runs use the DeepSpeed launcher with a
+hostfile or SLURM's srun (see docs/uptrain.md), which set the same variables."""
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import SkipV1Error
+
+ERROR_FILE_ENV = "SKIPV1_ERROR_FILE"
+
+
+def is_worker() -> bool:
+    """True under torchrun, the DeepSpeed launcher or any launcher that sets WORLD_SIZE."""
+    return "WORLD_SIZE" in os.environ
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_local(recipe: Path | None, overrides: list[str], nproc: int) -> int:
+    """Runs `python -m skipv1.uptrain RECIPE OVERRIDES` on `nproc` local ranks; a rank's
+    SkipV1Error comes back as this process's one-line error (exit 2)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        error_file = Path(tmp) / "error"
+        env = dict(os.environ, **{ERROR_FILE_ENV: str(error_file)})
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "skipv1.uptrain",
+            *([str(recipe)] if recipe else []),
+            *overrides,
+        ]
+        rc = subprocess.call(cmd, env=env)
+        if rc != 0 and error_file.is_file() and error_file.read_text().strip():
+            raise SkipV1Error(error_file.read_text().strip().splitlines()[0])
+        return rc
+
+
+def report_error(message: str) -> None:
+    """Called by a rank that fails with a SkipV1Error, for the launching process to print."""
+    path = os.environ.get(ERROR_FILE_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(" ".join(message.split()) + "\n")

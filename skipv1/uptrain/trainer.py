@@ -1,0 +1,373 @@
+"""The uptraining recipe as one readable class: setup -> train -> validate -> save_checkpoint ->
+export. The loop is in plain sight; DeepSpeed does partitioning, precision, accumulation and
+clipping. Every rank runs this same code (torchrun, the DeepSpeed launcher, or one process)."""
+
+import logging
+import math
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..checkpoint_info import check_supported, is_skipv1, read_config
+from ..errors import SkipV1Error
+from ..modeling.layout import count_parameters
+from . import checkpointing
+from .data import load_blocks, make_train_batches, rank_micro_batches
+from .engine import (
+    DTYPES,
+    deepspeed_config,
+    dist_env,
+    init_distributed,
+    initialize,
+    make_optimizer,
+    offloads_optimizer,
+    zero_stage,
+)
+from .export import gather_live_state_dict, write_export
+from .metrics import MetricsLogger, truncate_metrics
+from .recipe import Recipe, total_steps
+from .schedule import make_scheduler
+
+
+class UptrainRecipe:
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self.run_dir = Path(recipe.run_dir)
+        self.ckpt_dir = recipe.checkpoint_dir()
+        self.env = dist_env()
+        self.start_step = 0
+        self.last_eval_ppl: float | None = None
+
+    # ---------------------------------------------------------------- setup
+    def setup(self) -> None:
+        r, env = self.recipe, self.env
+        init_distributed(env)
+        _quiet_libraries(env.is_main)
+        if env.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.model_dir = self._model_dir()
+        self.model_config = read_config(self.model_dir)
+        check_supported(self.model_config)
+        self.total_steps = total_steps(r)
+        self.tokenizer = _load_tokenizer(self.model_dir, r.model.trust_remote_code)
+        self.train_data = make_train_batches(r, self.tokenizer)
+        self.eval_blocks = self._eval_blocks()
+
+        resume = checkpointing.resolve_resume(r.checkpoint.resume, self.ckpt_dir)
+        saved = checkpointing.read_state(resume) if resume else None
+        if saved:
+            self._check_same_data(saved)
+        universal = saved is not None and saved["world_size"] != env.world_size
+        self.ds_config = deepspeed_config(r, env.world_size, load_universal=universal)
+        model = self._load_model()
+        optimizer = make_optimizer(model, r, env.device, offloads_optimizer(self.ds_config))
+        self.engine, self.scheduler = initialize(model, optimizer, self._scheduler, self.ds_config)
+        if resume:
+            state = checkpointing.load(self.engine, resume, env.rank, env.world_size)
+            self.start_step = state["step"]
+            self.last_eval_ppl = state.get("last_eval_ppl")
+            if env.is_main:
+                truncate_metrics(self.run_dir, self.start_step)
+        self.metrics = MetricsLogger(
+            self.run_dir, r, env.is_main, self.total_steps, self.start_step
+        )
+        self._announce(resume)
+
+    def _model_dir(self) -> Path:
+        """`model.path`, or `model.source` converted once (rank 0) into RUN_DIR/converted."""
+        m = self.recipe.model
+        if m.path:
+            return Path(m.path)
+        target = self.run_dir / "converted"
+        if self.env.is_main and not (target / "config.json").is_file():
+            from ..convert.api import convert_checkpoint
+
+            convert_checkpoint(
+                m.source,
+                target,
+                skip_heads=m.skip_heads,
+                init=m.init,
+                trust_remote_code=m.trust_remote_code,
+                quiet=True,
+            )
+        _barrier()
+        return target
+
+    def _eval_blocks(self) -> np.ndarray | None:
+        r, ws = self.recipe, self.env.world_size
+        if r.data.eval is None or r.eval.blocks == 0:
+            return None
+        blocks = load_blocks(r.data.eval, self.tokenizer, r.data.seq_len, "eval", r.eval.blocks)
+        usable = len(blocks) // ws * ws  # every rank runs the same number of forwards (ZeRO-3)
+        if usable == 0:
+            raise SkipV1Error(
+                f"the eval data gives {len(blocks)} blocks, fewer than the {ws} ranks: add eval "
+                "data, lower data.seq_len, or set data.eval: null"
+            )
+        return blocks[:usable]
+
+    def _check_same_data(self, saved: dict) -> None:
+        now = self._data_fingerprint()
+        for key, value in saved["data"].items():
+            if now.get(key) != value:
+                raise SkipV1Error(
+                    f"cannot resume: `{key}` was {value!r} in the checkpoint and is "
+                    f"{now.get(key)!r} now, which changes the data order; restore it or use a "
+                    "new --run-dir"
+                )
+
+    def _data_fingerprint(self) -> dict:
+        r = self.recipe
+        return {
+            "data.train": repr(r.data.train),
+            "data.seq_len": r.data.seq_len,
+            "data.seed": r.data.seed,
+            "data.streaming": r.data.streaming,
+            "batch.global_batch_tokens": r.batch.global_batch_tokens,
+        }
+
+    def _load_model(self) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        keep_alive = None
+        if zero_stage(self.ds_config) == 3:  # let from_pretrained partition as it loads
+            from transformers.integrations import HfDeepSpeedConfig
+
+            keep_alive = HfDeepSpeedConfig(self.ds_config)  # noqa: F841
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_dir,
+            dtype=DTYPES[self.recipe.model.dtype],
+            trust_remote_code=self.recipe.model.trust_remote_code,
+        )
+        self._hf_ds_config = keep_alive
+        model.config.use_cache = False
+        if self.recipe.model.gradient_checkpointing:
+            # non-reentrant: layer 0's value tensor is reused by every later layer
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        model.train()
+        return model
+
+    def _scheduler(self, optimizer):
+        o = self.recipe.optim
+        return make_scheduler(optimizer, self.total_steps, o.warmup_fraction, o.min_lr_ratio)
+
+    def plan(self) -> dict:
+        """Tokens, steps, FLOPs and the share of the source's pretraining compute."""
+        r = self.recipe
+        params = count_parameters(self.model_config)
+        source_params = count_parameters(self.model_config, 0)
+        tokens = self.total_steps * r.batch.global_batch_tokens
+        flops = 6 * params * tokens
+        pre = r.budget.pretraining_tokens
+        return {
+            "model": str(self.model_dir),
+            "skip_v_heads": self.model_config.get("skip_v_heads", 0),
+            "parameters": params,
+            "tokens": tokens,
+            "steps": self.total_steps,
+            "tokens_per_step": r.batch.global_batch_tokens,
+            "train_flops": flops,
+            "pretraining_fraction": flops / (6 * source_params * pre) if pre else None,
+            "world_size": self.env.world_size,
+            "gradient_accumulation": self.ds_config["gradient_accumulation_steps"],
+            "zero_stage": zero_stage(self.ds_config),
+            "dtype": r.model.dtype,
+            "trust_remote_code": r.model.trust_remote_code,
+        }
+
+    def _announce(self, resume: Path | None) -> None:
+        if not self.env.is_main:
+            return
+        self.info = self.plan()
+        (self.run_dir / "recipe.yaml").write_text(self.recipe.to_yaml())
+        p, log = self.info, self.metrics.print
+        log("resolved recipe (saved to recipe.yaml):\n" + self.recipe.to_yaml())
+        if not is_skipv1(self.model_config):
+            log(f"note: {self.model_dir} is not a SkipV1 checkpoint; training it as it is")
+        frac = p["pretraining_fraction"]
+        log(
+            f"budget: {p['tokens']:,} tokens = {p['steps']:,} steps x {p['tokens_per_step']:,} "
+            f"tokens/step; {p['parameters']:,} parameters; ~{p['train_flops']:.3g} training FLOPs "
+            f"(6 x params x tokens); "
+            + (
+                f"{frac:.4%} of the source's pretraining compute"
+                if frac
+                else "pretraining compute unknown"
+            )
+        )
+        log(
+            f"{p['world_size']} rank(s) x micro-batch {self.recipe.batch.micro_batch_size} x "
+            f"{p['gradient_accumulation']} accumulation steps; ZeRO-{p['zero_stage']}; {p['dtype']}"
+        )
+        epochs = getattr(self.train_data, "epochs_for", None)
+        if epochs and epochs(self.total_steps) > 1:
+            log(f"note: the budget reads the train data {epochs(self.total_steps):.1f} times")
+        if resume:
+            log(f"resuming from {resume} (step {self.start_step})")
+
+    # ---------------------------------------------------------------- train
+    def train(self) -> None:
+        r, env, engine = self.recipe, self.env, self.engine
+        if self.start_step == 0:
+            self.validate(0)
+        batches = self.train_data.batches(self.start_step)
+        for step in range(self.start_step + 1, self.total_steps + 1):
+            global_batch = next(batches)
+            started = time.perf_counter()
+            lr = self.scheduler.get_last_lr()[0]
+            losses = []
+            for micro in rank_micro_batches(
+                global_batch, env.rank, env.world_size, r.batch.micro_batch_size
+            ):
+                ids = torch.from_numpy(micro).to(env.device)
+                loss = engine(input_ids=ids, labels=ids, use_cache=False).loss
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss.detach().float())
+            loss = _mean_over_ranks(torch.stack(losses).mean())
+            elapsed = time.perf_counter() - started
+            self.metrics.step(
+                {
+                    "step": step,
+                    "tokens": step * r.batch.global_batch_tokens,
+                    "loss": loss,
+                    "lr": lr,
+                    "grad_norm": _grad_norm(engine),
+                    "tokens_per_s": r.batch.global_batch_tokens / elapsed,
+                }
+            )
+            if not math.isfinite(loss):
+                raise SkipV1Error(f"loss is {loss} at step {step}: lower optim.lr")
+            last = step == self.total_steps
+            if r.eval.every and step % r.eval.every == 0 and not last:
+                self.validate(step)
+            if (r.checkpoint.every and step % r.checkpoint.every == 0) or last:
+                if last:
+                    self.validate(step)
+                self.save_checkpoint(step)
+
+    @torch.no_grad()
+    def validate(self, step: int) -> float | None:
+        """Perplexity over the eval blocks, each rank taking an equal share."""
+        if self.eval_blocks is None:
+            return None
+        env, engine, micro = self.env, self.engine, self.recipe.batch.micro_batch_size
+        mine = self.eval_blocks[env.rank :: env.world_size]
+        total = torch.zeros(2, dtype=torch.float64, device=env.device)
+        engine.eval()
+        for i in range(0, len(mine), micro):
+            ids = torch.from_numpy(mine[i : i + micro]).to(env.device)
+            loss = engine(input_ids=ids, labels=ids, use_cache=False).loss
+            predicted = ids.shape[0] * (ids.shape[1] - 1)
+            total += torch.stack([loss.double() * predicted, torch.tensor(predicted).double()])
+        engine.train()
+        if dist.is_initialized():
+            dist.all_reduce(total)
+        eval_loss = (total[0] / total[1]).item()
+        self.last_eval_ppl = math.exp(eval_loss)
+        self.metrics.eval(
+            {
+                "step": step,
+                "tokens": step * self.recipe.batch.global_batch_tokens,
+                "eval_loss": eval_loss,
+                "eval_ppl": self.last_eval_ppl,
+            }
+        )
+        return self.last_eval_ppl
+
+    def save_checkpoint(self, step: int) -> Path:
+        state = {
+            "step": step,
+            "tokens": step * self.recipe.batch.global_batch_tokens,
+            "next_block": step * self.recipe.blocks_per_step,  # data position (world-size free)
+            "world_size": self.env.world_size,
+            "zero_stage": zero_stage(self.ds_config),
+            "model_dir": str(self.model_dir.resolve()),
+            "data": self._data_fingerprint(),
+            "last_eval_ppl": self.last_eval_ppl,
+            "export_info": self.plan(),
+        }
+        return checkpointing.save(
+            self.engine, self.ckpt_dir, state, self.env.rank, self.recipe.checkpoint.keep_last
+        )
+
+    def export(self) -> Path | None:
+        """RUN_DIR/export from the live engine's weights (all ranks call; rank 0 writes)."""
+        weights = gather_live_state_dict(self.engine, self.env.rank)
+        dst = None
+        if self.env.is_main:
+            info = dict(self.plan(), final_eval_ppl=self.last_eval_ppl)
+            dst = write_export(
+                weights,
+                self.model_dir,
+                self.run_dir / "export",
+                info,
+                self.recipe.to_yaml(),
+                overwrite=True,
+            )
+            self.metrics.print(f"exported to {dst}")
+        _barrier()
+        return dst
+
+    def close(self) -> None:
+        self.metrics.close()
+
+
+def run(recipe: Recipe) -> None:
+    """What every rank runs."""
+    trainer = UptrainRecipe(recipe)
+    trainer.setup()
+    try:
+        trainer.train()
+        if recipe.export:
+            trainer.export()
+    finally:
+        trainer.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _load_tokenizer(model_dir: Path, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    except Exception as err:  # the user needs the directory and the cause
+        raise SkipV1Error(f"cannot load the tokenizer of {model_dir}: {err}") from None
+
+
+def _mean_over_ranks(value: torch.Tensor) -> float:
+    value = value.detach().clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(value)
+        value /= dist.get_world_size()
+    return value.item()
+
+
+def _grad_norm(engine) -> float | None:
+    norm = engine.get_global_grad_norm()
+    if norm is None:
+        return None
+    return float(norm.item() if torch.is_tensor(norm) else norm)
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _quiet_libraries(is_main: bool) -> None:
+    from deepspeed.utils import logger as ds_logger
+
+    ds_logger.setLevel(logging.WARNING)
+    if not is_main:
+        warnings.simplefilter("ignore")
+        import transformers
+
+        transformers.logging.set_verbosity_error()
