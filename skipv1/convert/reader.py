@@ -7,6 +7,7 @@ one source shard at a time, in file order, so at most one shard is open.
 """
 
 import json
+import logging
 import math
 import re
 import struct
@@ -68,6 +69,9 @@ def download_from_hub(repo_id: str) -> Path:
     from huggingface_hub import constants, list_repo_files, snapshot_download
 
     skip = ["*.pth", "*.pt", "*.h5", "*.msgpack", "*.onnx", "*.gguf", "original/*"]
+    hub_logger = logging.getLogger("huggingface_hub")
+    level = hub_logger.level
+    hub_logger.setLevel(logging.ERROR)  # its retry warnings would break the one-line error
     try:
         if constants.HF_HUB_OFFLINE:
             return Path(snapshot_download(repo_id, local_files_only=True, ignore_patterns=skip))
@@ -81,6 +85,8 @@ def download_from_hub(repo_id: str) -> Path:
             f"{repo_id} is not a local path and could not be fetched from the Hub: {why}; "
             "download it on a machine with network access and give its directory"
         ) from None
+    finally:
+        hub_logger.setLevel(level)
 
 
 # --- validating the weights from their headers ----------------------------------------------
