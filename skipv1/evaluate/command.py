@@ -30,21 +30,21 @@ def eval_command(
     data: Annotated[
         str,
         typer.Option(
-            help="Data spec: local .txt/.jsonl/.parquet files or glob, embedded[:train|:validation], "
-            "or a Hub dataset NAME[:CONFIG][@SPLIT].",
+            help="Data spec: local .txt/.jsonl/.parquet files or glob; embedded, embedded:train or "
+            "embedded:validation; or a Hub dataset NAME, NAME:CONFIG, NAME:CONFIG@SPLIT.",
             rich_help_panel=PPL,
         ),
     ] = "embedded:validation",
     ctx: Annotated[
         int | None,
         typer.Option(
-            help="Tokens per window [default: min(1024, max positions)].", rich_help_panel=PPL
+            help="Tokens per window (default: min(1024, max positions)).", rich_help_panel=PPL
         ),
     ] = None,
     stride: Annotated[
         int | None,
         typer.Option(
-            help="Window step; < ctx slides the window (each token scored once) [default: ctx].",
+            help="Window step; < ctx slides the window, each token scored once (default: ctx).",
             rich_help_panel=PPL,
         ),
     ] = None,
@@ -89,7 +89,7 @@ def eval_command(
     tasks: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated lm-eval tasks, run on every model (needs skipv1[lm-eval]).",
+            help="Comma-separated lm-eval tasks, run on every model (needs the lm-eval extra).",
             rich_help_panel=LM,
         ),
     ] = None,

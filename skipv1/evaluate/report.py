@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from ..errors import SkipV1Error
@@ -26,12 +27,12 @@ def results_table(result: dict) -> Table:
         f"{settings['prompt_len']} prompt + {settings['new_tokens']} new tokens"
     )
     caption = "(x: ratio to the first model)  " + "  ".join(
-        f"[{i}] {m['path']}" for i, m in enumerate(models, 1)
+        f"\\[{i}] {escape(m['path'])}" for i, m in enumerate(models, 1)
     )
     table = Table(title=title, caption=caption)
     table.add_column("")
     for i, label in enumerate(_labels(models), 1):
-        table.add_column(f"[{i}] {label}", justify="right")
+        table.add_column(f"\\[{i}] {escape(label)}", justify="right")
     budget = f"{settings['kv_budget'] / 2**30:.3g} GiB"
     rows = [
         ("parameters", "params", ",.0f"),
@@ -64,7 +65,7 @@ def lm_eval_table(result: dict) -> Table | None:
     for header in ("model", "task", "metric", "value"):
         table.add_column(header, justify="right" if header == "value" else "left")
     for path, task, metric, value in rows:
-        table.add_row(path, task, metric, f"{value:.4f}")
+        table.add_row(escape(path), escape(task), escape(metric), f"{value:.4f}")
     return table
 
 
