@@ -184,6 +184,7 @@ def test_cli_writes_json_with_every_number_and_a_png_chart(checkpoint, tmp_path)
     result = run_cli(
         src, conv, "--ctx", "64", "--max-tokens", "256", *FAST,
         "--kv-budget", "1MiB", "--context-len", "128", "--json", out, "--plot", png,
+        "--batch", "2", "--repeats", "2",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "KV bytes/token, measured" in result.stdout
@@ -191,7 +192,7 @@ def test_cli_writes_json_with_every_number_and_a_png_chart(checkpoint, tmp_path)
     report = json.loads(out.read_text())
     for key in ("data", "ctx", "stride", "max_tokens", "prompt_len", "new_tokens", "batch"):
         assert key in report["settings"]
-    assert report["settings"]["kv_budget"] == 2**20
+    assert report["settings"]["kv_budget"] == 2**20 and report["settings"]["batch"] == 2
     assert report["settings"]["ctx"] == report["settings"]["stride"] == 64
     assert [m["path"] for m in report["models"]] == [str(src), str(conv)]
     for m in report["models"]:
@@ -199,6 +200,7 @@ def test_cli_writes_json_with_every_number_and_a_png_chart(checkpoint, tmp_path)
         assert m["perplexity"] > 1 and m["eval_tokens"] == 256 - 256 // 64
         assert m["kv_bytes_per_token"] == m["kv_bytes_per_token_formula"] > 0
         assert m["prefill_tokens_per_s"] > 0 and m["decode_tokens_per_s"] > 0
+        assert len(m["prefill_s"]) == len(m["decode_s"]) == 2
         assert m["max_batch_at_budget"] == 2**20 // (m["kv_bytes_per_token"] * 128)
     first, second = report["models"]
     assert all(v == 1.0 for v in first["vs_first"].values())
@@ -293,6 +295,14 @@ BAD_INPUTS = {
     "unreadable data": (
         lambda t, s: [s, "--data", write(t / "bad.jsonl", "{not json\n")],
         "cannot read data",
+    ),
+    "jsonl without a text field": (
+        lambda t, s: [s, "--data", write(t / "q.jsonl", '{"question": "why"}\n')],
+        "without the text field 'text'",
+    ),
+    "hub dataset unreachable offline": (
+        lambda t, s: [s, "--data", "no-such-user/no-such-dataset"],
+        "cannot read data no-such-user/no-such-dataset",
     ),
     "empty text": (
         lambda t, s: [s, "--data", write(t / "empty.txt", "  \n\n ")],
