@@ -287,10 +287,19 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def without_weights(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for file in src.iterdir():
+        if not file.name.startswith("model"):
+            (dst / file.name).write_bytes(file.read_bytes())
+    return dst
+
+
 # case -> (args from (tmp_path, source checkpoint), text the one-line error must contain)
 BAD_INPUTS = {
     "unknown model path": (lambda t, s: [t / "nope"], "does not exist"),
     "not a model dir": (lambda t, s: [t], "no config.json"),
+    "no weights": (lambda t, s: [s, without_weights(s, t / "light")], "has no weights"),
     "missing data file": (lambda t, s: [s, "--data", t / "no.txt"], "no data files match"),
     "unreadable data": (
         lambda t, s: [s, "--data", write(t / "bad.jsonl", "{not json\n")],
