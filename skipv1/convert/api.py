@@ -5,6 +5,7 @@ import json
 import math
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,7 @@ def convert_checkpoint(
 ) -> dict:
     """Converts a Llama/Mistral/Qwen2 checkpoint to SkipV1 and returns the summary that
     `skipv1 convert --json` prints. Raises SkipV1Error, before writing anything, on bad input."""
+    start = time.perf_counter()
     options = {
         "skip_heads": skip_heads,
         "init": init,
@@ -113,6 +115,7 @@ def convert_checkpoint(
             prepared = prepare(stage_gguf(source.path, work / "source"), dst, options)
             summary = write_output(source, dst, prepared, options, work / "out", quiet)
     summary["removed_stale_workspaces"] = [str(p) for p in stale]
+    summary["seconds"] = round(time.perf_counter() - start, 3)
     return _warned(summary)
 
 
@@ -308,7 +311,14 @@ def write_output(
         def advance(name: str, tensor: torch.Tensor) -> None:
             progress.advance(task, tensor.numel() * tensor.element_size())
 
-        written = write_shards(out, prepared.layout, converted_tensors(prepared), advance)
+        refs = prepared.weights.refs
+        written = write_shards(
+            out,
+            prepared.layout,
+            converted_tensors(prepared),
+            on_tensor=advance,
+            source_of=lambda name: refs[name].file,
+        )
     (out / "config.json").write_text(json.dumps(prepared.out_config, indent=2) + "\n")
     copy_companions(prepared.root, out, prepared.companions)
     copy_modeling_code(out)

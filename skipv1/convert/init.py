@@ -32,13 +32,17 @@ def _heads(tensor: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
 
 def init_mean(tensor: torch.Tensor, num_kv_heads: int, skip_heads: int) -> torch.Tensor:
     """Own head j = mean of the source heads in group j (the paper's mean-pooling of V)."""
-    heads = _heads(tensor, num_kv_heads)
     # Accumulate in float32 so bf16/fp16 sources round once, at the end.
-    pooled = [
-        heads[list(group)].float().mean(dim=0)
-        for group in value_head_groups(num_kv_heads, skip_heads)
-    ]
-    out = torch.stack(pooled).to(tensor.dtype)
+    heads = _heads(tensor, num_kv_heads).float()
+    groups = value_head_groups(num_kv_heads, skip_heads)
+    # The groups are two runs of equal sizes (larger first): one reshape-and-mean per run.
+    pooled, start = [], 0
+    for size in sorted({len(g) for g in groups}, reverse=True):
+        count = sum(len(g) == size for g in groups)
+        block = heads[start : start + count * size]
+        pooled.append(block.reshape(count, size, *heads.shape[1:]).mean(dim=1))
+        start += count * size
+    out = torch.cat(pooled).to(tensor.dtype)
     return out.reshape(-1, *tensor.shape[1:]).contiguous()
 
 

@@ -230,8 +230,9 @@ def iter_tensors(weights: SourceWeights, names: set[str]) -> Iterator[tuple[str,
             continue
         path = weights.root / file
         if weights.format == "safetensors":
-            # pread instead of mmap: the process holds only the tensors it asked for.
-            with safe_open(path, framework="pt", backend="pread") as f:
+            # Memory-mapped: a tensor is a view of the page cache, so an unchanged tensor goes
+            # from the source file to the output file with a single copy.
+            with safe_open(path, framework="pt") as f:
                 for name in wanted:
                     yield name, f.get_tensor(name)
         else:

@@ -112,17 +112,25 @@ def write_shards(
     layout: list[list[str]],
     tensors: Iterable[tuple[str, torch.Tensor]],
     on_tensor=None,
+    source_of=None,
 ) -> dict:
     """Streams (name, tensor) pairs, arriving in layout order, into safetensors shards; each shard
     is written as soon as its last tensor arrives and then freed. Writes the index last (when
-    there is more than one shard) and returns {"files": [...], "total_size": bytes}."""
+    there is more than one shard) and returns {"files": [...], "total_size": bytes}.
+
+    `source_of(name)` names the source shard a tensor is a memory-mapped view of: when it
+    changes, the tensors still waiting for their output shard are copied into memory, so that
+    only one source shard stays mapped."""
     files = shard_file_names(len(layout))
     shard_of = {name: i for i, names in enumerate(layout) for name in names}
     pending: dict[str, torch.Tensor] = {}
-    current, total, weight_map = 0, 0, {}
+    current, total, weight_map, mapped = 0, 0, {}, None
     for name, tensor in tensors:
         if shard_of.get(name) != current:
             raise RuntimeError(f"tensor {name} arrived out of the planned shard order")
+        if source_of is not None and source_of(name) != mapped:
+            pending = {k: v.clone() for k, v in pending.items()}
+            mapped = source_of(name)
         pending[name] = tensor
         total += tensor.numel() * tensor.element_size()
         weight_map[name] = files[current]
