@@ -137,13 +137,15 @@ class UptrainRecipe:
         if zero_stage(self.ds_config) == 3:  # let from_pretrained partition as it loads
             from transformers.integrations import HfDeepSpeedConfig
 
-            keep_alive = HfDeepSpeedConfig(self.ds_config)  # noqa: F841
+            keep_alive = HfDeepSpeedConfig(self.ds_config)
         model = AutoModelForCausalLM.from_pretrained(
             self.model_dir,
             dtype=DTYPES[self.recipe.model.dtype],
             trust_remote_code=self.recipe.model.trust_remote_code,
         )
-        self._hf_ds_config = keep_alive
+        # transformers holds it by weak reference: dropping it stops later from_config calls
+        # (the export's meta-device model) from being partitioned with collectives
+        del keep_alive
         model.config.use_cache = False
         if self.recipe.model.gradient_checkpointing:
             # non-reentrant: layer 0's value tensor is reused by every later layer

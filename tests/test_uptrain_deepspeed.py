@@ -1,0 +1,182 @@
+"""Real DeepSpeed runs on 2 CPU ranks (gloo) with a tiny SkipV1 model and a tiny local corpus.
+Runs are shared between tests through module-scoped fixtures to keep the file near 3 minutes."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from factories import tiny_config
+
+from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
+from skipv1.textdata import embedded_documents
+from skipv1.uptrain.metrics import read_metrics
+
+SKIPV1 = str(Path(sys.executable).parent / "skipv1")
+STEPS = 12
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if "loss" in r}
+
+
+def eval_ppls(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["eval_ppl"] for r in read_metrics(run_dir) if "eval_ppl" in r}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, tokenizer_dir) -> Path:
+    """A tiny converted model (s=2 of 4 KV heads), a corpus and a recipe."""
+    root = tmp_path_factory.mktemp("uptrain")
+    fields = tiny_config().to_dict()
+    for key in ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype"):
+        fields.pop(key, None)
+    torch.manual_seed(0)
+    SkipV1LlamaForCausalLM(SkipV1LlamaConfig(**fields, skip_v_heads=2)).save_pretrained(
+        root / "model"
+    )
+    for file in Path(tokenizer_dir).iterdir():
+        shutil.copy(file, root / "model" / file.name)
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for name, docs in (
+        ("train", embedded_documents("train")[:60]),
+        ("eval", embedded_documents("validation")[:8]),
+    ):
+        (corpus / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    recipe = {
+        "model": {"path": str(root / "model"), "dtype": "float32"},
+        "data": {
+            "train": str(corpus / "train.jsonl"),
+            "eval": str(corpus / "eval.jsonl"),
+            "seq_len": 64,
+        },
+        "budget": {"tokens": STEPS * 1024},
+        "batch": {"global_batch_tokens": 1024, "micro_batch_size": 4},
+        "optim": {"lr": 3e-3},
+        "deepspeed": {"zero_stage": 2},
+        "eval": {"every": 6, "blocks": 8},
+        "checkpoint": {"every": 4, "keep_last": 2},
+        "log": {"progress": False},
+    }
+    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    return root
+
+
+def uptrain(workdir: Path, run: str, *args: str, nproc: int = 2, **popen) -> subprocess.Popen:
+    cmd = [SKIPV1, "uptrain", str(workdir / "recipe.yaml"), "--run-dir", str(workdir / run)]
+    cmd += ["--nproc", str(nproc), "--quiet", *args]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: int = 240) -> subprocess.CompletedProcess:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def zero2_run(workdir) -> Path:
+    """The uninterrupted reference: ZeRO-2, 2 ranks, checkpoints at 4, 8 and 12."""
+    finish(uptrain(workdir, "zero2"))
+    return workdir / "zero2"
+
+
+@pytest.fixture(scope="module")
+def zero3_run(workdir) -> Path:
+    finish(uptrain(workdir, "zero3", "deepspeed.zero_stage=3"))
+    return workdir / "zero3"
+
+
+def test_zero2_loss_falls_and_metrics_are_complete(zero2_run):
+    losses = train_losses(zero2_run)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert losses[STEPS] < losses[1] - 0.5
+    ppl = eval_ppls(zero2_run)
+    assert sorted(ppl) == [0, 6, STEPS] and ppl[STEPS] < ppl[0]
+    record = read_metrics(zero2_run)[1]
+    assert {"step", "tokens", "loss", "lr", "tokens_per_s"} <= set(record)
+    names = sorted(
+        p.name for p in (zero2_run / "checkpoints").iterdir() if p.name.startswith("step")
+    )
+    assert names == ["step_00000008", "step_00000012"]  # keep_last: 2
+    assert yaml.safe_load((zero2_run / "recipe.yaml").read_text())["optim"]["lr"] == 3e-3
+
+
+def test_zero3_loss_falls_and_export_equals_engine_weights(zero3_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    losses = train_losses(zero3_run)
+    assert losses[STEPS] < losses[1] - 0.5
+    live = zero3_run / "export"  # written from the engine's gathered ZeRO-3 parameters
+    info = json.loads((live / "skipv1_uptrain.json").read_text())
+    assert info["tokens"] == STEPS * 1024 and info["zero_stage"] == 3
+    assert "tokens trained: 12,288" in (live / "README.md").read_text()
+    config = json.loads((live / "config.json").read_text())
+    assert config["model_type"] == "skipv1_llama" and "auto_map" in config
+    offline = tmp_path / "offline"  # merged from the ZeRO-3 shards on disk
+    result = subprocess.run(
+        [SKIPV1, "export", str(zero3_run), str(offline)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    again = subprocess.run(
+        [SKIPV1, "export", str(zero3_run), str(offline)], capture_output=True, text=True
+    )
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    a = AutoModelForCausalLM.from_pretrained(live).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(offline, trust_remote_code=True).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert a["model.layers.1.self_attn.v_proj.weight"].shape == (32, 64)
+
+
+def test_kill_9_mid_run_then_resume_gives_identical_losses(workdir, zero2_run):
+    run = workdir / "killed"
+    proc = uptrain(workdir, "killed", start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        done = (run / "checkpoints" / "step_00000004" / "complete").is_file()
+        if done and max(train_losses(run), default=0) >= 6:
+            break
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = max(train_losses(run))
+    assert killed_at < STEPS, "the run finished before it was killed"
+    result = finish(uptrain(workdir, "killed"))
+    assert "resuming from" in result.stderr
+    expected, got = train_losses(zero2_run), train_losses(run)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    diff = max(abs(expected[s] - got[s]) for s in expected)
+    print(f"killed at step {killed_at}; max |loss difference| after resume: {diff:.3g}")
+    assert diff <= 1e-6
+
+
+def test_resume_from_2_ranks_on_1_rank(workdir, zero2_run):
+    run = workdir / "two_to_one"
+    shutil.copytree(zero2_run, run, ignore=shutil.ignore_patterns("step_00000012", "export"))
+    result = finish(uptrain(workdir, "two_to_one", nproc=1))
+    assert "resuming from" in result.stderr and "(step 8)" in result.stderr
+    assert (run / "checkpoints" / "step_00000008.universal" / "complete").is_file()
+    expected, got = train_losses(zero2_run), train_losses(run)
+    diffs = [abs(expected[s] - got[s]) for s in range(9, STEPS + 1)]
+    print(f"2 -> 1 ranks: max |loss difference| over steps 9-12: {max(diffs):.3g}")
+    assert max(diffs) < 1e-4  # same batches; only the float summation order differs
+
+
+def test_a_rank_data_error_is_one_line_exit_2(workdir):
+    proc = uptrain(workdir, "bad", "batch.global_batch_tokens=1048576", "budget.tokens=1048576")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert err.strip().splitlines()[-1].startswith("error: the train data gives")
+    assert "fewer than one global batch" in err

@@ -1,0 +1,182 @@
+"""Recipe schema, schedule, data packing and bad data: fast tests, no process group."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from skipv1.errors import SkipV1Error
+from skipv1.uptrain.data import (
+    InMemoryBatches,
+    StreamingBatches,
+    load_blocks,
+    pack_blocks,
+    rank_micro_batches,
+)
+from skipv1.uptrain.recipe import gradient_accumulation, load_recipe, total_steps
+from skipv1.uptrain.schedule import lr_multiplier
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_recipe(path: Path, **sections) -> Path:
+    base = {
+        "model": {"path": str(path.parent)},
+        "data": {"train": "embedded:train", "seq_len": 32},
+        "budget": {"tokens": 4096},
+        "batch": {"global_batch_tokens": 256, "micro_batch_size": 2},
+    }
+    for key, value in sections.items():
+        base.setdefault(key, {}).update(value)
+    path.write_text(yaml.safe_dump(base))
+    return path
+
+
+def test_defaults_follow_the_paper(tmp_path):
+    r = load_recipe(write_recipe(tmp_path / "r.yaml"))
+    o = r.optim
+    assert (o.lr, o.betas, o.weight_decay, o.warmup_fraction, o.min_lr_ratio) == (
+        1.5e-4,
+        [0.9, 0.95],
+        0.1,
+        0.1,
+        0.1,
+    )
+    assert total_steps(r) == 16 and gradient_accumulation(r, 2) == 2
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optim.lrr=1"], "unknown recipe key `optim.lrr`: allowed keys in `optim` are lr,"),
+        (["colour=red"], "unknown recipe key `colour`"),
+        (["optim.lr=fast"], "`optim.lr` must be float"),
+        (["deepspeed.zero_stage=4"], "`deepspeed.zero_stage` is 4: allowed values are 0, 1, 2, 3"),
+        (["model.dtype=int8"], "allowed values are float32, bfloat16, float16"),
+        (["eval.every=yes"], "`eval.every` must be int"),
+        (["budget.fraction=0.1"], "set exactly one of `budget.tokens` and `budget.fraction`"),
+        (["batch.global_batch_tokens=100"], "must be a multiple of `data.seq_len`"),
+        (["deepspeed.offload_params=true"], "needs `deepspeed.zero_stage: 3`"),
+        (["model.source=/x"], "set exactly one of `model.path`"),
+        (["budget.tokens=10"], "less than one step"),
+        (["checkpoint.resume=sometimes"], "allowed values are auto, never or an existing"),
+        (["optim"], "is not `dotted.key=value`"),
+    ],
+)
+def test_schema_errors_name_the_key(tmp_path, overrides, message):
+    with pytest.raises(SkipV1Error) as err:
+        load_recipe(write_recipe(tmp_path / "r.yaml"), overrides)
+    assert message in str(err.value)
+
+
+def test_overrides_parse_yaml_values(tmp_path):
+    r = load_recipe(
+        write_recipe(tmp_path / "r.yaml"),
+        ["optim.lr=3e-4", "deepspeed.zero_stage=3", "data.eval=null", "optim.betas=[0.9, 0.99]"],
+    )
+    assert (r.optim.lr, r.deepspeed.zero_stage, r.data.eval) == (3e-4, 3, None)
+    assert r.optim.betas == [0.9, 0.99]
+
+
+def test_batch_must_split_over_ranks(tmp_path):
+    r = load_recipe(write_recipe(tmp_path / "r.yaml"))  # 8 sequences per step, micro 2
+    with pytest.raises(SkipV1Error, match="not divisible by batch.micro_batch_size"):
+        gradient_accumulation(r, 3)
+
+
+def test_cli_schema_error_is_one_line_exit_2(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml", optim={"lr": "fast"})
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "skipv1"), "uptrain", str(recipe)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == ["error: recipe key `optim.lr` must be float, got str 'fast'"]
+
+
+@pytest.mark.parametrize("name", ["tiny-cpu", "smollm2-135m", "llama2-7b", "mistral-7b"])
+def test_shipped_recipes_validate(name, tmp_path):
+    load_recipe(REPO / "recipes" / f"{name}.yaml", [f"run_dir={tmp_path}"])
+
+
+def test_schedule_warms_up_then_decays_to_min_ratio():
+    lrs = [lr_multiplier(s, 100, 10, 0.1) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:], strict=False))
+    assert lrs[-1] == pytest.approx(0.1)
+
+
+def test_packing_puts_eos_between_documents_and_cuts_exact_blocks():
+    blocks = list(pack_blocks(iter([[1, 2, 0], [3, 4, 5, 0], [6, 0]]), 4))
+    assert [b.tolist() for b in blocks] == [[1, 2, 0, 3], [4, 5, 0, 6]]
+
+
+def test_batch_order_is_seeded_and_independent_of_ranks():
+    blocks = np.arange(40).reshape(20, 2)
+    a, b = InMemoryBatches(blocks, 8, seed=3), InMemoryBatches(blocks, 8, seed=3)
+    assert all((a.global_batch(s) == b.global_batch(s)).all() for s in range(6))
+    assert not (InMemoryBatches(blocks, 8, seed=4).global_batch(0) == a.global_batch(0)).all()
+    resumed = next(a.batches(start_step=4))
+    assert (resumed == b.global_batch(4)).all()  # epoch 2 starts inside step 2: still exact
+    batch = a.global_batch(1)
+    two = [m for r in range(2) for m in rank_micro_batches(batch, r, 2, 2)]
+    one = rank_micro_batches(batch, 0, 1, 2)
+    assert all((x == y).all() for x, y in zip(two, one, strict=True))
+
+
+def test_streaming_resume_skips_to_the_same_batches(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    s = StreamingBatches("embedded:validation", tok, 32, 4, seed=0, buffer=8)
+    full = s.batches(0)
+    expected = [next(full) for _ in range(3)][2]
+    assert (next(s.batches(2)) == expected).all()
+
+
+def _tok(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+def test_empty_files_and_records_without_text_are_counted_and_skipped(tmp_path, tokenizer_dir):
+    (tmp_path / "empty.jsonl").write_text("")
+    lines = [{"text": "hello world " * 20}, {"other": 1}, {"text": None}, {"text": "  "}]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with pytest.warns(UserWarning) as caught:
+        blocks = load_blocks(str(tmp_path / "*.jsonl"), _tok(tokenizer_dir), 16, "train")
+    messages = " ".join(str(w.message) for w in caught)
+    assert "skipped 1 empty file" in messages and "skipped 3 record(s)" in messages
+    assert blocks.shape[1] == 16
+
+
+def test_undecodable_bytes_name_the_file(tmp_path, tokenizer_dir):
+    (tmp_path / "good.txt").write_text("fine text " * 50)
+    (tmp_path / "bad.txt").write_bytes(b"abc \xff\xfe def " * 10)
+    for streaming_limit in (None, 4):
+        with pytest.raises(SkipV1Error, match=r"bad.txt is not valid UTF-8 \(byte 0xff"):
+            load_blocks(str(tmp_path / "*.txt"), _tok(tokenizer_dir), 16, "train", streaming_limit)
+
+
+def test_missing_text_column_lists_the_fields(tmp_path, tokenizer_dir):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"body": "x" * 100}) + "\n")
+    with pytest.raises(SkipV1Error, match=r"no text field 'text': set `text_field` to one of"):
+        load_blocks(str(tmp_path / "a.jsonl"), _tok(tokenizer_dir), 16, "train")
+
+
+def test_all_empty_and_too_small_data_are_errors(tmp_path, tokenizer_dir):
+    (tmp_path / "e.txt").write_text("")
+    with pytest.raises(SkipV1Error, match="every data file .* is empty"):
+        load_blocks(str(tmp_path / "e.txt"), _tok(tokenizer_dir), 16, "train")
+    (tmp_path / "s.txt").write_text("tiny")
+    with pytest.raises(SkipV1Error, match="holds no block of data.seq_len=16"):
+        load_blocks(str(tmp_path / "s.txt"), _tok(tokenizer_dir), 16, "train")
+    with pytest.raises(SkipV1Error, match="fewer than one global batch"):
+        InMemoryBatches(np.zeros((3, 16), dtype=np.int64), 8, seed=0)
