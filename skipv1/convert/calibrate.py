@@ -1,0 +1,264 @@
+"""`--init calibrated`: choose and refit the heads of every later layer on calibration text.
+
+For each layer i >= 1, on the source model's own activations:
+
+1. Every source KV head h is a candidate to give up its values; if it sits in borrowed slot j it
+   reads layer 0's value head j instead. For each query head q of h, the o_proj columns W_q are
+   refitted by least squares so that `P_q V0_j W_q'` is as close as possible to the source's
+   `P_q V_h W_q` (P_q: q's attention probabilities; the fit has a closed form from d x d
+   Gram matrices accumulated over the calibration tokens, so memory stays small).
+2. The s (head, slot) pairs with the smallest remaining output error are chosen greedily; the
+   other heads keep their own values exactly (no mean pooling).
+3. The layer's KV heads are permuted so that the kept heads fill the own slots and the chosen
+   ones the borrowed slots; q/k rows, v rows and o_proj columns move together, which leaves the
+   source function unchanged before the drop (RoPE acts inside a head, so it does not care).
+
+The pass runs layer by layer: one layer's weights are loaded at a time, the hidden states of the
+calibration tokens are carried from layer to layer, and layer 0's values are kept. The result is
+a `Calibration`, applied to tensors as the converter streams them.
+"""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
+from ..modeling.modeling_skipv1_llama import SkipV1LlamaDecoderLayer
+
+LoadTensors = Callable[[list[str]], dict[str, torch.Tensor]]
+ATTENTION_TENSORS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass
+class LayerFit:
+    order: list[int]  # source KV head placed in each slot of the layer
+    o_proj_columns: dict[int, torch.Tensor]  # new (hidden, d) columns per query head (new index)
+    error_dropped: float  # output error if the chosen heads' contributions were simply removed
+    error_fitted: float  # output error after the refit
+
+
+@dataclass
+class Calibration:
+    heads: int
+    num_kv_heads: int
+    head_dim: int
+    skip_heads: int
+    layers: dict[int, LayerFit] = field(default_factory=dict)
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.num_kv_heads
+
+    def changed(self, name: str) -> bool:
+        return _layer_and_proj(name)[0] in self.layers and _layer_and_proj(name)[1] is not None
+
+    def transform(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The calibrated version of a source tensor (unchanged for tensors it does not touch)."""
+        layer, proj = _layer_and_proj(name)
+        if layer not in self.layers or proj is None:
+            return tensor
+        fit, d = self.layers[layer], self.head_dim
+        query_order = [h * self.group + r for h in fit.order for r in range(self.group)]
+        if proj == "q_proj":
+            return _take_heads(tensor, query_order, d, dim=0)
+        if proj == "k_proj":
+            return _take_heads(tensor, fit.order, d, dim=0)
+        if proj == "v_proj":
+            return _take_heads(tensor, fit.order[: self.num_kv_heads - self.skip_heads], d, dim=0)
+        if tensor.dim() == 1:  # o_proj bias: one per output feature, untouched by head order
+            return tensor
+        out = _take_heads(tensor, query_order, d, dim=1).clone()
+        for q, columns in fit.o_proj_columns.items():
+            out[:, q * d : (q + 1) * d] = columns.to(out.dtype)
+        return out
+
+    def summary(self) -> dict:
+        return {
+            str(i): {
+                "order": fit.order,
+                "error_dropped": fit.error_dropped,
+                "error_fitted": fit.error_fitted,
+            }
+            for i, fit in sorted(self.layers.items())
+        }
+
+
+def _layer_and_proj(name: str) -> tuple[int | None, str | None]:
+    parts = name.split(".")
+    if len(parts) < 6 or parts[:2] != ["model", "layers"] or parts[3] != "self_attn":
+        return None, None
+    proj = parts[4] if parts[4] in ATTENTION_TENSORS else None
+    return int(parts[2]), proj
+
+
+def _take_heads(tensor: torch.Tensor, heads: list[int], d: int, dim: int) -> torch.Tensor:
+    index = torch.tensor([h * d + i for h in heads for i in range(d)])
+    return tensor.index_select(dim, index).contiguous()
+
+
+def calibrate(
+    config: SkipV1LlamaConfig,
+    load: LoadTensors,
+    input_ids: torch.Tensor,
+    skip_heads: int,
+    batch_size: int = 8,
+    on_layer: Callable[[int], None] | None = None,
+) -> Calibration:
+    """Fits every later layer; `config` describes the source (its skip_v_heads must be 0)."""
+    calibration = Calibration(
+        config.num_attention_heads, config.num_key_value_heads, config.head_dim, skip_heads
+    )
+    hidden = load(["model.embed_tokens.weight"])["model.embed_tokens.weight"].float()[input_ids]
+    positions = torch.arange(input_ids.shape[1]).unsqueeze(0)
+    rotary = _rotary(config)
+    cos, sin = rotary(hidden[:1], positions)
+    first_values = None
+    for i in range(config.num_hidden_layers):
+        layer = _load_layer(config, load, i)
+        stats = _GramStats(config, skip_heads) if i > 0 and skip_heads > 0 else None
+        outputs, values = [], []
+        for start in range(0, hidden.shape[0], batch_size):
+            h = hidden[start : start + batch_size]
+            v0 = first_values[start : start + batch_size] if first_values is not None else None
+            out, v = _layer_forward(layer, h, cos, sin, stats, v0)
+            outputs.append(out)
+            values.append(v)
+        if i == 0:
+            first_values = torch.cat(values)
+        if stats is not None:
+            calibration.layers[i] = stats.fit(layer.self_attn.o_proj.weight.detach())
+        hidden = torch.cat(outputs)
+        del layer
+        if on_layer is not None:
+            on_layer(i)
+    return calibration
+
+
+def _rotary(config: SkipV1LlamaConfig):
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    return LlamaRotaryEmbedding(config)
+
+
+def _load_layer(config: SkipV1LlamaConfig, load: LoadTensors, i: int) -> SkipV1LlamaDecoderLayer:
+    with torch.device("meta"):
+        layer = SkipV1LlamaDecoderLayer(config, i)
+    prefix = f"model.layers.{i}."
+    names = [prefix + name for name in layer.state_dict()]
+    tensors = load(names)
+    state = {name[len(prefix) :]: t.float() for name, t in tensors.items()}
+    layer.load_state_dict(state, assign=True, strict=True)
+    return layer.eval()
+
+
+@torch.no_grad()
+def _layer_forward(layer, hidden, cos, sin, stats, first_values):
+    """The source layer's forward, written out to expose attention probabilities and values."""
+    attn = layer.self_attn
+    batch, length, _ = hidden.shape
+    x = layer.input_layernorm(hidden)
+    shape = (batch, length, -1, attn.head_dim)
+    q = attn.q_proj(x).view(shape).transpose(1, 2)
+    k = attn.k_proj(x).view(shape).transpose(1, 2)
+    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    scores = q @ repeat_kv(k, attn.num_key_value_groups).transpose(2, 3) * attn.scaling
+    causal = torch.ones(length, length, dtype=torch.bool).triu(1)
+    probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+    mixed = probs @ repeat_kv(v, attn.num_key_value_groups)  # (B, H, T, d)
+    if stats is not None:
+        stats.add(probs, mixed, first_values)
+    hidden = hidden + attn.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1))
+    hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    return hidden, v
+
+
+class _GramStats:
+    """d x d Gram matrices per (query head, borrowed slot): Z = P_q V0_j, Y = P_q V_h."""
+
+    def __init__(self, config: SkipV1LlamaConfig, skip_heads: int):
+        self.heads, self.kv = config.num_attention_heads, config.num_key_value_heads
+        self.d, self.s = config.head_dim, skip_heads
+        self.slots = list(range(self.kv - skip_heads, self.kv))
+        zeros = torch.zeros
+        self.zz = zeros(len(self.slots), self.heads, self.d, self.d, dtype=torch.float64)
+        self.zy = torch.zeros_like(self.zz)
+        self.yy = zeros(self.heads, self.d, self.d, dtype=torch.float64)
+
+    def add(self, probs, mixed, first_values) -> None:
+        y = mixed.double()
+        self.yy += torch.einsum("bhtd,bhte->hde", y, y)
+        for n, j in enumerate(self.slots):
+            z = (probs @ first_values[:, j : j + 1]).double()  # (B, H, T, d)
+            self.zz[n] += torch.einsum("bhtd,bhte->hde", z, z)
+            self.zy[n] += torch.einsum("bhtd,bhte->hde", z, y)
+
+    def fit(self, o_proj: torch.Tensor) -> LayerFit:
+        d, group = self.d, self.heads // self.kv
+        blocks = o_proj.double().reshape(o_proj.shape[0], self.heads, d).permute(1, 0, 2)
+        gram_o = blocks.transpose(1, 2) @ blocks  # (H, d, d): W_q^T W_q
+        maps, errors = {}, torch.zeros(self.kv, len(self.slots), dtype=torch.float64)
+        for n in range(len(self.slots)):
+            ridge = 1e-6 * self.zz[n].diagonal(dim1=1, dim2=2).mean(-1).clamp_min(1e-12)
+            eye = torch.eye(d, dtype=torch.float64)
+            m = torch.linalg.solve(self.zz[n] + ridge[:, None, None] * eye, self.zy[n])
+            resid = m.transpose(1, 2) @ self.zz[n] @ m - 2 * _sym(m.transpose(1, 2) @ self.zy[n])
+            resid = resid + self.yy
+            per_query = (resid * gram_o).sum(dim=(1, 2))  # tr(E G) with E, G symmetric
+            errors[:, n] = per_query.reshape(self.kv, group).sum(1)
+            maps[n] = m
+        chosen = _greedy_assignment(errors, self.s)
+        kept = [h for h in range(self.kv) if h not in chosen.values()]
+        order = kept + [chosen[n] for n in range(len(self.slots))]
+        columns = {}
+        for n, h in chosen.items():
+            for r in range(group):
+                q_src = h * group + r
+                new_q = (self.kv - self.s + n) * group + r
+                # Output = Z M W_q^T, so the new (hidden, d) block is W_q M^T.
+                columns[new_q] = (blocks[q_src] @ maps[n][q_src].transpose(0, 1)).float()
+        dropped = sum(
+            float((self.yy[h * group + r] * gram_o[h * group + r]).sum())
+            for h in chosen.values()
+            for r in range(group)
+        )
+        fitted = float(sum(errors[h, n] for n, h in chosen.items()))
+        return LayerFit(order, columns, dropped, fitted)
+
+
+def _sym(m: torch.Tensor) -> torch.Tensor:
+    return (m + m.transpose(-1, -2)) / 2
+
+
+def _greedy_assignment(errors: torch.Tensor, count: int) -> dict[int, int]:
+    """slot -> source head, taking the cheapest remaining (head, slot) pair each time."""
+    chosen: dict[int, int] = {}
+    cost = errors.clone()
+    for _ in range(count):
+        flat = int(torch.argmin(cost))
+        head, slot = divmod(flat, cost.shape[1])
+        chosen[slot] = head
+        cost[head, :] = float("inf")
+        cost[:, slot] = float("inf")
+    return chosen
+
+
+def calibration_token_blocks(
+    tokenizer, texts: Iterator[str], tokens: int, seq_len: int
+) -> torch.Tensor:
+    """(N, seq_len) token ids: texts joined with EOS, cut into blocks, at most `tokens` in all."""
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    wanted = max(seq_len, tokens // seq_len * seq_len)
+    for text in texts:
+        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if eos is not None:
+            stream.append(eos)
+        if len(stream) >= wanted:
+            break
+    blocks = len(stream[:wanted]) // seq_len
+    if blocks == 0:
+        raise ValueError(f"calibration text has {len(stream)} tokens, fewer than one block")
+    return torch.tensor(stream[: blocks * seq_len]).view(blocks, seq_len)
