@@ -242,6 +242,7 @@ class UptrainRecipe:
                     "lr": lr,
                     "grad_norm": _grad_norm(engine),
                     "tokens_per_s": r.batch.global_batch_tokens / elapsed,
+                    "time": time.time(),
                 }
             )
             if not math.isfinite(loss):
