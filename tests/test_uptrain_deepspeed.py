@@ -180,3 +180,27 @@ def test_a_rank_data_error_is_one_line_exit_2(workdir):
     assert proc.returncode == 2
     assert err.strip().splitlines()[-1].startswith("error: the train data gives")
     assert "fewer than one global batch" in err
+
+
+def test_source_is_converted_on_the_fly_single_process_zero0(checkpoint, tmp_path, workdir):
+    """model.source -> RUN_DIR/converted through skipv1.convert; one process, no ZeRO."""
+    src = checkpoint("src", num_key_value_heads=2)
+    recipe = yaml.safe_load((workdir / "recipe.yaml").read_text())
+    recipe["model"] = {"source": str(src), "skip_heads": 1, "dtype": "float32"}
+    recipe["budget"] = {"tokens": 2048, "pretraining_tokens": 10**9}
+    recipe["deepspeed"] = {"zero_stage": 0}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    run = tmp_path / "run"
+    cmd = [SKIPV1, "uptrain", str(tmp_path / "r.yaml"), "--run-dir", str(run), "--quiet"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "of the source's pretraining compute" in result.stderr
+    converted = json.loads((run / "converted" / "config.json").read_text())
+    assert converted["skip_v_heads"] == 1
+    assert sorted(train_losses(run)) == [1, 2]
+    offline = tmp_path / "offline"
+    assert subprocess.run([SKIPV1, "export", str(run), str(offline)]).returncode == 0
+    from safetensors.torch import load_file
+
+    a, b = load_file(run / "export" / "model.safetensors"), load_file(offline / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

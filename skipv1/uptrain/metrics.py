@@ -90,7 +90,9 @@ class MetricsLogger:
 
     def print(self, message: str) -> None:
         if self.enabled:
-            (self.progress.console if self.progress else console).print(message, markup=False)
+            (self.progress.console if self.progress else console).print(
+                message, markup=False, soft_wrap=True
+            )
 
     def _write(self, record: dict) -> None:
         self.file.write(json.dumps(record) + "\n")
