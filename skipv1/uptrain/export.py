@@ -143,7 +143,7 @@ first). Details in `{UPTRAIN_FILE}`.
 
 
 def _fraction(value) -> str:
-    return "unknown (budget.pretraining_tokens not set)" if value is None else f"{value:.4%}"
+    return "unknown (budget.pretraining_tokens not set)" if value is None else f"{value * 100:.3g}%"
 
 
 def export_run(run_dir: Path, dst: Path, checkpoint: Path | None = None, overwrite=False) -> Path:

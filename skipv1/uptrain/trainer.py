@@ -198,7 +198,7 @@ class UptrainRecipe:
             f"tokens/step; {p['parameters']:,} parameters; ~{p['train_flops']:.3g} training FLOPs "
             f"(6 x params x tokens); "
             + (
-                f"{frac:.4%} of the source's pretraining compute"
+                f"{frac * 100:.3g}% of the source's pretraining compute"
                 if frac
                 else "pretraining compute unknown"
             )
