@@ -71,5 +71,5 @@ def test_signal_mid_conversion_leaves_nothing(tmp_path, sig, code):
         assert time.monotonic() < deadline
         time.sleep(0.005)
     proc.send_signal(sig)
-    assert proc.wait(timeout=60) == code
+    assert proc.wait(timeout=60) == code, proc.stderr.read()
     assert not dst.exists() and leftovers(dst) == []

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from ..errors import SkipV1Error
 from .plan import shard_file_names
 
 TMP_MARK = ".skipv1-tmp-"
@@ -44,21 +45,38 @@ def remove_stale_workspaces(dst: Path) -> list[Path]:
     return removed
 
 
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """Turns SIGTERM into SystemExit(143) so that cleanup runs (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class _Signals:
+    """SIGINT and SIGTERM raise at once (KeyboardInterrupt, SystemExit(143)) so that cleanup runs;
+    the signal is remembered because a library can turn the exception into another one
+    (safetensors reports a KeyboardInterrupt inside get_tensor as a ValueError)."""
 
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
+    def __init__(self) -> None:
+        self.received: int | None = None
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def handler(self, signum, frame):
+        self.received = signum
+        raise self.exception()
+
+    def exception(self) -> BaseException:
+        if self.received == signal.SIGINT:
+            return KeyboardInterrupt()
+        return SystemExit(128 + (self.received or signal.SIGTERM))
+
+    @contextlib.contextmanager
+    def raising(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self.handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        except Exception:
+            if self.received is not None:
+                raise self.exception() from None
+            raise
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
 
 
 @contextlib.contextmanager
@@ -70,7 +88,7 @@ def atomic_workspace(dst: Path, overwrite: bool) -> Iterator[Path]:
     shutil.rmtree(work, ignore_errors=True)
     (work / "out").mkdir(parents=True)
     try:
-        with _sigterm_raises():
+        with _Signals().raising():
             yield work
             _publish(work, dst, overwrite)
     finally:
@@ -90,11 +108,16 @@ def _publish(work: Path, dst: Path, overwrite: bool) -> None:
         if path.is_file():
             path.chmod(mode)
     if dst.exists() or dst.is_symlink():
-        if not overwrite:  # it appeared while we were converting
-            raise FileExistsError(f"{dst} appeared during the conversion; nothing was replaced")
+        if not overwrite:  # another process created it while we were converting
+            raise SkipV1Error(f"DST {dst} appeared during the conversion: nothing was replaced")
         # Move the old one aside first so DST is never a mix of old and new files.
         os.rename(dst, work / "previous")
-    os.rename(work / "out", dst)
+    try:
+        os.rename(work / "out", dst)
+    except OSError:
+        if (work / "previous").exists():
+            os.rename(work / "previous", dst)
+        raise
 
 
 def _unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
