@@ -15,10 +15,12 @@ import torch
 from ..checkpoint_info import check_supported, is_skipv1, read_config
 from ..console import byte_progress, console
 from ..errors import SkipV1Error
+from .calibrate import Calibration, calibrate_source, calibration_record, check_calibration_options
 from .companions import companion_files, copy_companions, copy_modeling_code
 from .config import ConfigChange, skipv1_config
 from .init import apply_init
 from .plan import (
+    CALIBRATE,
     DROPPABLE_SUFFIXES,
     REWRITE_V,
     ConversionPlan,
@@ -81,6 +83,9 @@ def convert_checkpoint(
     dry_run: bool = False,
     trust_remote_code: bool = False,
     quiet: bool = False,
+    calib_data: str = "embedded:train",
+    calib_tokens: int = 32768,
+    calib_seq_len: int = 256,
 ) -> dict:
     """Converts a Llama/Mistral/Qwen2 checkpoint to SkipV1 and returns the summary that
     `skipv1 convert --json` prints. Raises SkipV1Error, before writing anything, on bad input."""
@@ -93,6 +98,11 @@ def convert_checkpoint(
         "max_shard_bytes": parse_shard_size(shard_size),
         "trust_remote_code": trust_remote_code,
     }
+    if init == "calibrated":
+        options.update(
+            calib_data=calib_data, calib_tokens=calib_tokens, calib_seq_len=calib_seq_len
+        )
+        check_calibration_options(options)
     if dtype != "auto" and dtype not in DTYPES:
         raise SkipV1Error(f"--dtype {dtype} is unknown: choose auto, {', '.join(DTYPES)}")
     dst = Path(dst).expanduser().absolute()
@@ -293,10 +303,14 @@ def _size_of(path: Path) -> int:
 # --- writing ----------------------------------------------------------------------------------
 
 
-def converted_tensors(prepared: Prepared) -> Iterator[tuple[str, torch.Tensor]]:
+def converted_tensors(
+    prepared: Prepared, calibration: Calibration | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     plan = prepared.plan
     for name, tensor in iter_tensors(prepared.weights, set(prepared.order)):
-        if plan.tasks[name].action == REWRITE_V:
+        if calibration is not None and plan.tasks[name].action in (REWRITE_V, CALIBRATE):
+            tensor = calibration.transform(name, tensor)
+        elif plan.tasks[name].action == REWRITE_V:
             tensor = apply_init(plan.init, tensor, plan.source.num_kv_heads, plan.skip_heads)
         target = prepared.target_dtype[name]
         yield name, tensor if tensor.dtype == target else tensor.to(target)
@@ -305,6 +319,9 @@ def converted_tensors(prepared: Prepared) -> Iterator[tuple[str, torch.Tensor]]:
 def write_output(
     source: Source, dst: Path, prepared: Prepared, options: dict, out: Path, quiet: bool
 ) -> dict:
+    calibration = None
+    if prepared.plan.init == "calibrated" and prepared.plan.skip_heads:
+        calibration = calibrate_source(prepared, options, quiet)
     with byte_progress(quiet) as progress:
         task = progress.add_task("converting", total=prepared.bytes_out())
 
@@ -315,7 +332,7 @@ def write_output(
         written = write_shards(
             out,
             prepared.layout,
-            converted_tensors(prepared),
+            converted_tensors(prepared, calibration),
             on_tensor=advance,
             source_of=lambda name: refs[name].file,
         )
@@ -324,6 +341,8 @@ def write_output(
     copy_modeling_code(out)
     summary = summarize(source, dst, prepared, options, dry_run=False)
     summary["total_size"] = written["total_size"]
+    if calibration is not None:
+        summary["calibration"] = calibration_record(calibration, options)
     hashes = {
         "source_config_sha256": sha256_of(prepared.root / "config.json"),
         "source_index_sha256": sha256_of(

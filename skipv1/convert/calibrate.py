@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
+from ..errors import SkipV1Error
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 from ..modeling.modeling_skipv1_llama import SkipV1LlamaDecoderLayer
 
@@ -260,5 +261,81 @@ def calibration_token_blocks(
             break
     blocks = len(stream[:wanted]) // seq_len
     if blocks == 0:
-        raise ValueError(f"calibration text has {len(stream)} tokens, fewer than one block")
+        raise SkipV1Error(
+            f"the calibration text has {len(stream)} tokens, fewer than one sequence of "
+            f"{seq_len}: give more text (--calib-data) or a smaller --calib-seq-len"
+        )
     return torch.tensor(stream[: blocks * seq_len]).view(blocks, seq_len)
+
+
+# --- glue with the converter ------------------------------------------------------------------
+
+
+def check_calibration_options(options: dict) -> None:
+    """Up-front checks, so that bad calibration options fail before anything is written."""
+    from ..textdata import parse_data_spec
+
+    parse_data_spec(options["calib_data"])
+    for key in ("calib_tokens", "calib_seq_len"):
+        if not isinstance(options[key], int) or options[key] <= 0:
+            flag = "--" + key.replace("_", "-")
+            raise SkipV1Error(f"{flag} {options[key]} must be a positive number of tokens")
+    if options["calib_tokens"] < options["calib_seq_len"]:
+        raise SkipV1Error(
+            f"--calib-tokens {options['calib_tokens']} is less than one sequence of "
+            f"--calib-seq-len {options['calib_seq_len']}: raise it"
+        )
+
+
+def calibrate_source(prepared, options: dict, quiet: bool) -> Calibration:
+    """Runs `calibrate` on a validated source (see api.prepare), reading one layer at a time."""
+    from ..console import step_progress
+    from ..textdata import iter_texts
+    from .reader import iter_tensors
+
+    config = source_config(prepared.out_config)
+    ids = calibration_token_blocks(
+        _tokenizer(prepared.root),
+        iter_texts(options["calib_data"]),
+        options["calib_tokens"],
+        options["calib_seq_len"],
+    )
+
+    def load(names: list[str]) -> dict[str, torch.Tensor]:
+        return dict(iter_tensors(prepared.weights, set(names)))
+
+    with step_progress(quiet) as progress:
+        task = progress.add_task("calibrating layers", total=config.num_hidden_layers)
+        return calibrate(
+            config, load, ids, prepared.plan.skip_heads, on_layer=lambda i: progress.advance(task)
+        )
+
+
+def source_config(out_config: dict) -> SkipV1LlamaConfig:
+    """The source model as a SkipV1 config with s = 0 (same function, our module classes)."""
+    fields = {k: v for k, v in out_config.items() if k not in ("model_type", "auto_map")}
+    fields.pop("architectures", None)
+    return SkipV1LlamaConfig(**{**fields, "skip_v_heads": 0})
+
+
+def _tokenizer(root):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(root)
+    except (OSError, ValueError) as err:
+        raise SkipV1Error(
+            f"--init calibrated needs the source's tokenizer, which failed to load from {root} "
+            f"({str(err).splitlines()[0]}): add the tokenizer files or use --init mean/keep"
+        ) from None
+
+
+def calibration_record(calibration: Calibration, options: dict) -> dict:
+    """Settings and per-layer results for skipv1_conversion.json."""
+    return {
+        "data": str(options["calib_data"]),
+        "tokens": options["calib_tokens"],
+        "seq_len": options["calib_seq_len"],
+        "method": "per-layer head choice + least-squares refit of borrowed heads' o_proj",
+        "layers": calibration.summary(),
+    }

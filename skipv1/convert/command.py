@@ -22,7 +22,11 @@ def convert(
         ),
     ] = None,
     init: Annotated[
-        str, typer.Option(help="Own value heads: mean (mean of head groups) or keep (first heads).")
+        str,
+        typer.Option(
+            help="Own value heads: mean (mean of head groups), keep (first heads) or calibrated "
+            "(heads chosen and o_proj refitted on calibration text)."
+        ),
     ] = "mean",
     dtype: Annotated[
         str, typer.Option(help="Output dtype: auto (the source's), bfloat16, float16, float32.")
@@ -38,6 +42,15 @@ def convert(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    calib_data: Annotated[
+        str, typer.Option(help="--init calibrated: calibration text (a data spec).")
+    ] = "embedded:train",
+    calib_tokens: Annotated[
+        int, typer.Option(help="--init calibrated: calibration tokens.")
+    ] = 32768,
+    calib_seq_len: Annotated[
+        int, typer.Option(help="--init calibrated: tokens per calibration sequence.")
+    ] = 256,
 ) -> None:
     """Convert a Llama/Mistral/Qwen2 checkpoint to SkipV1Former."""
     summary = convert_checkpoint(
@@ -51,6 +64,9 @@ def convert(
         dry_run=dry_run,
         trust_remote_code=trust_remote_code,
         quiet=quiet or as_json,
+        calib_data=calib_data,
+        calib_tokens=calib_tokens,
+        calib_seq_len=calib_seq_len,
     )
     if as_json:
         stdout.print_json(json.dumps(summary))
@@ -62,6 +78,7 @@ def print_summary(summary: dict) -> None:
     kv, tensors = summary["kv_bytes_per_token"], summary["tensors"]
     verb = "would write" if summary["dry_run"] else "wrote"
     groups = " ".join("(" + ",".join(map(str, g)) + ")" for g in summary["value_head_groups"])
+    groups = groups or "chosen per layer on calibration data"
     lines = [
         f"{summary['architecture']} {summary['source']} -> {summary['destination']}"
         + (" (dry run: nothing written)" if summary["dry_run"] else ""),

@@ -11,6 +11,8 @@ from .init import INITS, value_head_groups
 
 COPY = "copy"
 REWRITE_V = "rewrite_v"
+# --init calibrated: q/k/o of later layers are permuted by head and o_proj is refitted.
+CALIBRATE = "calibrate"
 # Buffers some old checkpoints saved; the model recomputes them.
 DROPPABLE_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -113,6 +115,8 @@ class ConversionPlan:
     @property
     def groups(self) -> tuple[tuple[int, ...], ...]:
         """Source value heads each own head of a later layer is made from."""
+        if self.init == "calibrated":
+            return ()  # chosen per layer on calibration data: see the calibration summary
         if self.init == "keep":
             return tuple((j,) for j in range(self.own_heads))
         return value_head_groups(self.source.num_kv_heads, self.skip_heads)
@@ -137,6 +141,19 @@ def is_later_v_proj(name: str) -> bool:
     )
 
 
+def is_later_attention(name: str) -> bool:
+    """q/k/o projections (weights and biases) of layers i >= 1."""
+    parts = name.split(".")
+    return (
+        len(parts) == 6
+        and parts[:2] == ["model", "layers"]
+        and parts[2].isdigit()
+        and int(parts[2]) >= 1
+        and parts[3] == "self_attn"
+        and parts[4] in ("q_proj", "k_proj", "o_proj")
+    )
+
+
 def make_plan(config: dict, skip_heads: int | None = None, init: str = "mean") -> ConversionPlan:
     """The plan for a source config; raises SkipV1Error for options the config cannot take."""
     source = SourceModel.from_config(config)
@@ -154,6 +171,8 @@ def make_plan(config: dict, skip_heads: int | None = None, init: str = "mean") -
         if s and is_later_v_proj(name):
             target = ((n_kv - s) * source.head_dim, *shape[1:])
             tasks[name] = TensorTask(name, REWRITE_V, shape, target)
+        elif s and init == "calibrated" and is_later_attention(name):
+            tasks[name] = TensorTask(name, CALIBRATE, shape, shape)
         else:
             tasks[name] = TensorTask(name, COPY, shape, shape)
     return ConversionPlan(source, s, init, tasks)

@@ -47,10 +47,13 @@ def write_provenance(out: Path, summary: dict, source_hashes: dict) -> dict:
 def write_model_card(out: Path, summary: dict) -> None:
     kv = summary["kv_bytes_per_token"]
     groups = ", ".join("(" + ",".join(map(str, g)) + ")" for g in summary["value_head_groups"])
-    rule = (
-        f"the mean of source value heads in groups {groups}"
-        if summary["init"] == "mean"
-        else f"source value heads 0..{summary['num_kv_heads'] - summary['skip_heads'] - 1}"
+    rule = {
+        "mean": f"the mean of source value heads in groups {groups}",
+        "calibrated": "the source heads chosen per layer on calibration text (the others read "
+        "layer 0, with their o_proj columns refitted by least squares)",
+    }.get(
+        summary["init"],
+        f"source value heads 0..{summary['num_kv_heads'] - summary['skip_heads'] - 1}",
     )
     base = summary.get("hub_id")
     front = ["---", "library_name: transformers", "tags:", "- skipv1", "- skipv1former"]
