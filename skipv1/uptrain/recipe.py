@@ -97,6 +97,13 @@ class LogSection:
 
 
 @dataclass
+class DistillSection:
+    teacher: str | None = None  # frozen teacher checkpoint (usually the source); null: no KL term
+    alpha: float = 0.5  # loss = (1 - alpha) * CE + alpha * T^2 * KL(teacher || student)
+    temperature: float = 1.0  # T, applied to both logits
+
+
+@dataclass
 class Recipe:
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
@@ -107,6 +114,7 @@ class Recipe:
     eval: EvalSection = field(default_factory=EvalSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     log: LogSection = field(default_factory=LogSection)
+    distill: DistillSection = field(default_factory=DistillSection)
     run_dir: str = "runs/uptrain"
     export: bool = True  # write RUN_DIR/export at the end
 
@@ -290,11 +298,24 @@ def check_recipe(r: Recipe) -> None:
             raise SkipV1Error(f"`{key}` is {value}: it must be >= 0")
     _positive(r.checkpoint.keep_last, "checkpoint.keep_last")
     _positive(r.log.every, "log.every")
+    _check_distill(r.distill)
     resume = r.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).is_dir():
         raise SkipV1Error(
             f"`checkpoint.resume` is {resume!r}: allowed values are auto, never or an existing "
             "checkpoint directory"
+        )
+
+
+def _check_distill(d: DistillSection) -> None:
+    if not 0 <= d.alpha <= 1:
+        raise SkipV1Error(f"`distill.alpha` is {d.alpha}: it must be in [0, 1]")
+    if d.temperature <= 0:
+        raise SkipV1Error(f"`distill.temperature` is {d.temperature}: it must be positive")
+    if d.teacher is not None and not (Path(d.teacher) / "config.json").is_file():
+        raise SkipV1Error(
+            f"`distill.teacher` {d.teacher} is not a checkpoint directory with a config.json: "
+            "give the source model's directory, or null to train without distillation"
         )
 
 

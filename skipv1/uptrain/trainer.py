@@ -17,6 +17,7 @@ from ..errors import SkipV1Error
 from ..modeling.layout import count_parameters
 from . import checkpointing
 from .data import load_blocks, make_train_batches, rank_micro_batches
+from .distill import distillation_loss
 from .engine import (
     DTYPES,
     deepspeed_config,
@@ -66,6 +67,7 @@ class UptrainRecipe:
         model = self._load_model()
         optimizer = make_optimizer(model, r, env.device, offloads_optimizer(self.ds_config))
         self.engine, self.scheduler = initialize(model, optimizer, self._scheduler, self.ds_config)
+        self.teacher = self._load_teacher()
         if resume:
             state = checkpointing.load(self.engine, resume, env.rank, env.world_size)
             self.start_step = state["step"]
@@ -155,6 +157,44 @@ class UptrainRecipe:
         model.train()
         return model
 
+    def _load_teacher(self) -> torch.nn.Module | None:
+        """The frozen teacher, replicated whole on every rank (also under ZeRO-3: it is loaded
+        after the student, with no DeepSpeed config alive, so nothing partitions it)."""
+        d = self.recipe.distill
+        if d.teacher is None:
+            return None
+        from transformers import AutoModelForCausalLM
+
+        config = read_config(Path(d.teacher))
+        check_supported(config)
+        if config["vocab_size"] != self.model_config["vocab_size"]:
+            raise SkipV1Error(
+                f"`distill.teacher` has a vocabulary of {config['vocab_size']} and the model "
+                f"{self.model_config['vocab_size']}: the teacher must share the tokenizer"
+            )
+        teacher = AutoModelForCausalLM.from_pretrained(
+            d.teacher,
+            dtype=DTYPES[self.recipe.model.dtype],
+            trust_remote_code=self.recipe.model.trust_remote_code,
+        )
+        teacher.config.use_cache = False
+        return teacher.requires_grad_(False).eval().to(self.env.device)
+
+    def _micro_step(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Forward + backward of one micro-batch: (loss, KL term or None)."""
+        if self.teacher is None:
+            loss = self.engine(input_ids=ids, labels=ids, use_cache=False).loss
+            self.engine.backward(loss)
+            return loss.detach(), None
+        with torch.no_grad():
+            teacher_logits = self.teacher(input_ids=ids, use_cache=False).logits
+        student_logits = self.engine(input_ids=ids, use_cache=False).logits
+        d = self.recipe.distill
+        out = distillation_loss(student_logits, teacher_logits, ids, d.alpha, d.temperature)
+        del teacher_logits, student_logits
+        self.engine.backward(out.loss)
+        return out.loss.detach(), out.kl
+
     def _scheduler(self, optimizer):
         o = self.recipe.optim
         return make_scheduler(optimizer, self.total_steps, o.warmup_fraction, o.min_lr_ratio)
@@ -165,7 +205,11 @@ class UptrainRecipe:
         params = count_parameters(self.model_config)
         source_params = count_parameters(self.model_config, 0)
         tokens = self.total_steps * r.batch.global_batch_tokens
-        flops = 6 * params * tokens
+        teacher_params = (
+            count_parameters(read_config(Path(r.distill.teacher))) if r.distill.teacher else 0
+        )
+        teacher_flops = 2 * teacher_params * tokens  # forward only
+        flops = 6 * params * tokens + teacher_flops
         pre = r.budget.pretraining_tokens
         return {
             "model": str(self.model_dir),
@@ -175,6 +219,9 @@ class UptrainRecipe:
             "steps": self.total_steps,
             "tokens_per_step": r.batch.global_batch_tokens,
             "train_flops": flops,
+            "teacher": r.distill.teacher,
+            "teacher_parameters": teacher_params,
+            "teacher_flops": teacher_flops,
             "pretraining_fraction": flops / (6 * source_params * pre) if pre else None,
             "world_size": self.env.world_size,
             "gradient_accumulation": self.ds_config["gradient_accumulation_steps"],
@@ -196,7 +243,13 @@ class UptrainRecipe:
         log(
             f"budget: {p['tokens']:,} tokens = {p['steps']:,} steps x {p['tokens_per_step']:,} "
             f"tokens/step; {p['parameters']:,} parameters; ~{p['train_flops']:.3g} training FLOPs "
-            f"(6 x params x tokens); "
+            + (
+                f"(6 x params x tokens + 2 x teacher params x tokens = "
+                f"{p['train_flops'] - p['teacher_flops']:.3g} + {p['teacher_flops']:.3g} for the "
+                f"teacher's {p['teacher_parameters']:,} parameters); "
+                if p["teacher"]
+                else "(6 x params x tokens); "
+            )
             + (
                 f"{frac * 100:.3g}% of the source's pretraining compute"
                 if frac
@@ -223,28 +276,29 @@ class UptrainRecipe:
             global_batch = next(batches)
             started = time.perf_counter()
             lr = self.scheduler.get_last_lr()[0]
-            losses = []
+            losses, kls = [], []
             for micro in rank_micro_batches(
                 global_batch, env.rank, env.world_size, r.batch.micro_batch_size
             ):
-                ids = torch.from_numpy(micro).to(env.device)
-                loss = engine(input_ids=ids, labels=ids, use_cache=False).loss
-                engine.backward(loss)
+                loss, kl = self._micro_step(torch.from_numpy(micro).to(env.device))
                 engine.step()
-                losses.append(loss.detach().float())
+                losses.append(loss.float())
+                if kl is not None:
+                    kls.append(kl.float())
             loss = _mean_over_ranks(torch.stack(losses).mean())
             elapsed = time.perf_counter() - started
-            self.metrics.step(
-                {
-                    "step": step,
-                    "tokens": step * r.batch.global_batch_tokens,
-                    "loss": loss,
-                    "lr": lr,
-                    "grad_norm": _grad_norm(engine),
-                    "tokens_per_s": r.batch.global_batch_tokens / elapsed,
-                    "time": time.time(),
-                }
-            )
+            record = {
+                "step": step,
+                "tokens": step * r.batch.global_batch_tokens,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": _grad_norm(engine),
+                "tokens_per_s": r.batch.global_batch_tokens / elapsed,
+                "time": time.time(),
+            }
+            if kls:
+                record["distill_kl"] = _mean_over_ranks(torch.stack(kls).mean())
+            self.metrics.step(record)
             if not math.isfinite(loss):
                 raise SkipV1Error(f"loss is {loss} at step {step}: lower optim.lr")
             last = step == self.total_steps

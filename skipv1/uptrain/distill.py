@@ -1,0 +1,58 @@
+"""Distillation from a frozen teacher (the source model) during uptraining.
+
+loss = (1 - alpha) * CE(student, next token)
+       + alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)),
+
+both terms averaged over the same predicted tokens (positions 0..n-2 of each block predict
+tokens 1..n-1, as in the model's own loss). The T^2 factor keeps the KL gradient on the scale of
+the CE gradient when T changes (Hinton et al., 2015).
+
+Memory: besides the student's and the teacher's logits (which the forwards produce anyway) this
+holds the student's log-probabilities (saved by autograd) and the teacher's, which overwrite its
+logits in place; at T = 1 the CE reuses the student's log-probabilities instead of a new softmax.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class DistillLoss:
+    loss: torch.Tensor  # what backward() is called on
+    ce: torch.Tensor  # token-mean cross-entropy against the next token
+    kl: torch.Tensor  # token-mean KL(teacher || student) at temperature T (without T^2)
+
+
+def teacher_log_probs(teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(teacher / T) over next-token positions, computed in place (no grad)."""
+    with torch.no_grad():
+        logits = teacher_logits[:, :-1].float()
+        if logits.data_ptr() == teacher_logits.data_ptr():  # .float() did not copy: do not
+            logits = logits.clone()  # overwrite the caller's tensor
+        logits.div_(temperature)
+        return logits.sub_(logits.logsumexp(dim=-1, keepdim=True))
+
+
+def distillation_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    alpha: float,
+    temperature: float,
+) -> DistillLoss:
+    """The combined loss for a micro-batch; logits are [batch, seq, vocab], ids [batch, seq]."""
+    targets = input_ids[:, 1:].reshape(-1)
+    student = student_logits[:, :-1].float()
+    vocab = student.shape[-1]
+    student_lp = F.log_softmax(student / temperature, dim=-1).reshape(-1, vocab)
+    if temperature == 1.0:
+        ce = F.nll_loss(student_lp, targets)
+    else:
+        ce = F.cross_entropy(student.reshape(-1, vocab), targets)
+    teacher_lp = teacher_log_probs(teacher_logits, temperature).reshape(-1, vocab)
+    # sum over the vocabulary, mean over tokens
+    kl = F.kl_div(student_lp, teacher_lp, reduction="batchmean", log_target=True)
+    loss = (1 - alpha) * ce + alpha * temperature**2 * kl
+    return DistillLoss(loss, ce.detach(), kl.detach())
