@@ -27,9 +27,9 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repea
 from ..errors import SkipV1Error
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 from ..modeling.modeling_skipv1_llama import SkipV1LlamaDecoderLayer
+from .plan import later_attention_projection
 
 LoadTensors = Callable[[list[str]], dict[str, torch.Tensor]]
-ATTENTION_TENSORS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass
@@ -52,13 +52,11 @@ class Calibration:
     def group(self) -> int:
         return self.heads // self.num_kv_heads
 
-    def changed(self, name: str) -> bool:
-        return _layer_and_proj(name)[0] in self.layers and _layer_and_proj(name)[1] is not None
-
     def transform(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The calibrated version of a source tensor (unchanged for tensors it does not touch)."""
-        layer, proj = _layer_and_proj(name)
-        if layer not in self.layers or proj is None:
+        proj = later_attention_projection(name)
+        layer = int(name.split(".")[2]) if proj else None
+        if layer not in self.layers:
             return tensor
         fit, d = self.layers[layer], self.head_dim
         query_order = [h * self.group + r for h in fit.order for r in range(self.group)]
@@ -84,14 +82,6 @@ class Calibration:
             }
             for i, fit in sorted(self.layers.items())
         }
-
-
-def _layer_and_proj(name: str) -> tuple[int | None, str | None]:
-    parts = name.split(".")
-    if len(parts) < 6 or parts[:2] != ["model", "layers"] or parts[3] != "self_attn":
-        return None, None
-    proj = parts[4] if parts[4] in ATTENTION_TENSORS else None
-    return int(parts[2]), proj
 
 
 def _take_heads(tensor: torch.Tensor, heads: list[int], d: int, dim: int) -> torch.Tensor:

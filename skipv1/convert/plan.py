@@ -129,29 +129,18 @@ class ConversionPlan:
         return [t for t in self.tasks.values() if t.action != COPY]
 
 
-def is_later_v_proj(name: str) -> bool:
-    """model.layers.{i}.self_attn.v_proj.{weight,bias} with i >= 1."""
+def later_attention_projection(name: str) -> str | None:
+    """ "q_proj" for model.layers.{i}.self_attn.q_proj.{weight,bias} with i >= 1 (likewise k, v,
+    o); None for any other tensor."""
     parts = name.split(".")
-    return (
-        len(parts) == 6
-        and parts[:2] == ["model", "layers"]
-        and parts[2].isdigit()
-        and int(parts[2]) >= 1
-        and parts[3:5] == ["self_attn", "v_proj"]
-    )
-
-
-def is_later_attention(name: str) -> bool:
-    """q/k/o projections (weights and biases) of layers i >= 1."""
-    parts = name.split(".")
-    return (
+    later = (
         len(parts) == 6
         and parts[:2] == ["model", "layers"]
         and parts[2].isdigit()
         and int(parts[2]) >= 1
         and parts[3] == "self_attn"
-        and parts[4] in ("q_proj", "k_proj", "o_proj")
     )
+    return parts[4] if later and parts[4] in ("q_proj", "k_proj", "v_proj", "o_proj") else None
 
 
 def make_plan(config: dict, skip_heads: int | None = None, init: str = "mean") -> ConversionPlan:
@@ -168,10 +157,11 @@ def make_plan(config: dict, skip_heads: int | None = None, init: str = "mean") -
         raise SkipV1Error(f"--init {init} is unknown: choose one of {', '.join(INITS)}")
     tasks = {}
     for name, shape in source.expected_shapes().items():
-        if s and is_later_v_proj(name):
+        projection = later_attention_projection(name) if s else None
+        if projection == "v_proj":
             target = ((n_kv - s) * source.head_dim, *shape[1:])
             tasks[name] = TensorTask(name, REWRITE_V, shape, target)
-        elif s and init == "calibrated" and is_later_attention(name):
+        elif projection and init == "calibrated":
             tasks[name] = TensorTask(name, CALIBRATE, shape, shape)
         else:
             tasks[name] = TensorTask(name, COPY, shape, shape)
