@@ -1,0 +1,118 @@
+"""Distillation in uptraining: the loss itself, the frozen teacher, recipe errors, and one real
+2-rank DeepSpeed run with `distill.teacher` set."""
+
+import math
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from factories import tiny_config
+from test_uptrain_deepspeed import SKIPV1, finish, uptrain, workdir  # noqa: F401 (fixture)
+from transformers import LlamaForCausalLM
+
+from skipv1.errors import SkipV1Error
+from skipv1.uptrain.distill import distillation_loss
+from skipv1.uptrain.engine import DistEnv
+from skipv1.uptrain.metrics import read_metrics
+from skipv1.uptrain.recipe import load_recipe
+from skipv1.uptrain.trainer import UptrainRecipe
+
+
+def logits_and_ids(seed: int = 0, vocab: int = 50):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, 9, vocab, generator=g) * 3, torch.randint(0, vocab, (2, 9), generator=g)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_loss_is_zero_when_student_equals_teacher(temperature):
+    logits, ids = logits_and_ids()
+    out = distillation_loss(logits, logits.clone(), ids, alpha=1.0, temperature=temperature)
+    assert abs(out.kl.item()) < 1e-7 and abs(out.loss.item()) < 1e-7
+
+
+def test_alpha_0_is_exactly_cross_entropy():
+    logits, ids = logits_and_ids()
+    teacher, _ = logits_and_ids(seed=1)
+    out = distillation_loss(logits, teacher, ids, alpha=0.0, temperature=1.0)
+    expected = F.cross_entropy(logits[:, :-1].reshape(-1, 50), ids[:, 1:].reshape(-1))
+    assert torch.equal(out.loss, expected) and out.kl > 0
+
+
+def test_kl_term_matches_its_definition():
+    s, ids = logits_and_ids()
+    t, _ = logits_and_ids(seed=1)
+    out = distillation_loss(s, t, ids, alpha=0.3, temperature=2.0)
+    p = F.softmax(t[:, :-1] / 2, -1)
+    kl = (p * (p.log() - F.log_softmax(s[:, :-1] / 2, -1))).sum(-1).mean()
+    assert torch.allclose(out.kl, kl, atol=1e-6)
+    assert torch.allclose(out.loss, 0.7 * out.ce + 0.3 * 4 * kl, atol=1e-6)
+
+
+def test_gradient_flows_only_to_the_student(tmp_path):
+    """The trainer's own teacher loading and micro-step, with the engine replaced by the bare
+    student (DeepSpeed's forward/backward do the same on one process)."""
+    torch.manual_seed(0)
+    LlamaForCausalLM(tiny_config()).save_pretrained(tmp_path / "teacher")
+    recipe = load_recipe(
+        None,
+        [
+            f"model.path={tmp_path}",
+            "data.train=embedded",
+            "data.seq_len=16",
+            "budget.tokens=16",
+            "batch.global_batch_tokens=16",
+            f"distill.teacher={tmp_path / 'teacher'}",
+        ],
+    )
+    trainer = UptrainRecipe.__new__(UptrainRecipe)
+    trainer.recipe, trainer.env = recipe, DistEnv(0, 1, 0, torch.device("cpu"))
+    trainer.model_config = tiny_config().to_dict()
+    trainer.teacher = trainer._load_teacher()
+    student = LlamaForCausalLM(tiny_config()).train()
+    student.backward = lambda loss: loss.backward()  # what the engine's backward amounts to
+    trainer.engine = student
+    ids = torch.randint(0, 320, (2, 16))
+    loss, kl = trainer._micro_step(ids)
+    assert math.isfinite(loss.item()) and kl.item() > 0
+    assert not trainer.teacher.training
+    assert all(not p.requires_grad and p.grad is None for p in trainer.teacher.parameters())
+    assert all(p.grad is not None for p in student.parameters())
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("distill.alpha=1.5", "`distill.alpha` is 1.5: it must be in [0, 1]"),
+        ("distill.temperature=0", "`distill.temperature` is 0.0: it must be positive"),
+        ("distill.teacher=/nonexistent/teacher", "`distill.teacher` /nonexistent/teacher is not"),
+    ],
+)
+def test_bad_distill_settings_are_recipe_errors(workdir, override, message):  # noqa: F811
+    with pytest.raises(SkipV1Error) as err:
+        load_recipe(workdir / "recipe.yaml", [override])
+    assert str(err.value).startswith(message)
+
+
+def test_bad_distill_setting_exits_2_with_one_line(workdir):  # noqa: F811
+    cmd = [SKIPV1, "uptrain", str(workdir / "recipe.yaml"), "distill.alpha=-0.1"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: `distill.alpha` is -0.1: it must be in [0, 1]"
+    ]
+
+
+def test_two_rank_zero3_run_with_a_teacher_logs_distill_kl(workdir, checkpoint):  # noqa: F811
+    """The student is partitioned by ZeRO-3, the teacher (a plain Llama) replicated."""
+    teacher = checkpoint("teacher")
+    args = [f"distill.teacher={teacher}", "deepspeed.zero_stage=3", "budget.tokens=3072"]
+    args += ["eval.every=0", "checkpoint.every=0", "export=false"]
+    result = finish(uptrain(workdir, "distill", *args))
+    records = [r for r in read_metrics(workdir / "distill") if "loss" in r]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(math.isfinite(r["distill_kl"]) and r["distill_kl"] > 0 for r in records)
+    assert "2 x teacher params x tokens" in result.stderr
+    saved = yaml.safe_load((workdir / "distill" / "recipe.yaml").read_text())
+    assert saved["distill"] == {"teacher": str(teacher), "alpha": 0.5, "temperature": 1.0}
