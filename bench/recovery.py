@@ -65,8 +65,9 @@ class Scale:
 
 
 SCALES = {
-    # ~1.4M parameters, T ~ 1.0M tokens: ~9 min of pretraining on 2 shared CPU cores
-    "small": Scale(128, 4, 4, 384, 128, 2048, 5, 8_000_000, 40, 2e-3, 3e-4, 16384),
+    # ~1.4M parameters, T ~ 0.4M tokens: ~4 min of pretraining on 2 idle CPU cores, 10-20 min
+    # when they are shared (nice 19)
+    "small": Scale(128, 4, 4, 384, 128, 1024, 4, 8_000_000, 32, 2e-3, 3e-4, 16384),
     # ~5.8M parameters, T ~ 1.6M tokens: about an hour of pretraining on the same cores
     "full": Scale(256, 6, 8, 688, 256, 4096, 4, 24_000_000, 64, 1.5e-3, 2.25e-4, 32768),
     # plumbing check only (~2 minutes in all): numbers mean nothing
