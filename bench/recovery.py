@@ -253,7 +253,8 @@ SMALL_NOTE = """**This is not the issue's experiment at full size.** The source 
 for minutes, not the issue's ~1 hour, and is far from converged: continued training improves every
 arm quickly, so "reaches the source's perplexity" is easier than against a converged source, and
 differences of a few tenths of a perplexity point are within run-to-run noise (one seed, a few
-dozen eval blocks). `--scale full` runs the issue's configuration; its results are not claimed here."""
+dozen eval blocks). `--scale full` runs the issue's configuration; its results are not claimed
+here."""
 
 
 def eval_curve(run_dir: Path, scale: Scale) -> list[tuple[float, float]]:
