@@ -8,8 +8,9 @@ tokens 1..n-1, as in the model's own loss). The T^2 factor keeps the KL gradient
 the CE gradient when T changes (Hinton et al., 2015).
 
 Memory: besides the student's and the teacher's logits (which the forwards produce anyway) this
-holds the student's log-probabilities (saved by autograd) and the teacher's, which overwrite its
-logits in place; at T = 1 the CE reuses the student's log-probabilities instead of a new softmax.
+holds the student's log-probabilities (saved by autograd) and one fp32 buffer for the teacher's,
+computed in place; at T = 1 the CE reuses the student's log-probabilities instead of a second
+softmax. The KL itself still makes elementwise temporaries of the same size while it runs.
 """
 
 from dataclasses import dataclass
@@ -46,7 +47,8 @@ def distillation_loss(
     targets = input_ids[:, 1:].reshape(-1)
     student = student_logits[:, :-1].float()
     vocab = student.shape[-1]
-    student_lp = F.log_softmax(student / temperature, dim=-1).reshape(-1, vocab)
+    scaled = student if temperature == 1.0 else student / temperature
+    student_lp = F.log_softmax(scaled, dim=-1).reshape(-1, vocab)
     if temperature == 1.0:
         ce = F.nll_loss(student_lp, targets)
     else:
