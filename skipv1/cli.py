@@ -76,6 +76,9 @@ def demo(
     ] = 256,
     lr: Annotated[float, typer.Option(help="Peak learning rate of the uptraining.")] = 3e-4,
     eval_tokens: Annotated[int, typer.Option(help="Held-out tokens scored for perplexity.")] = 8192,
+    init: Annotated[
+        str, typer.Option(help="Conversion init: mean (the default of convert), keep, calibrated.")
+    ] = "mean",
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
     """Run the whole pipeline on SmolLM2-135M-Instruct offline: convert, eval, uptrain, eval, report."""
@@ -93,6 +96,7 @@ def demo(
             seq_len=seq_len,
             lr=lr,
             eval_tokens=eval_tokens,
+            init=init,
             quiet=quiet,
         )
     )

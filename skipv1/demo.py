@@ -8,7 +8,7 @@ output is complete. The steps:
 2. `skipv1 convert` with s of 3 KV heads (default 1);
 3. `skipv1 eval` of source and converted on held-out embedded text;
 4. `skipv1 uptrain` on the training split of the embedded text, 2 DeepSpeed ranks when 2+ cores;
-5. `skipv1 eval` of source, converted and uptrained side by side, with speed;
+5. `skipv1 eval` of the uptrained model, then KV bytes and speed of all three side by side;
 6. report.json, report.md and loss.png.
 """
 
@@ -36,6 +36,8 @@ class DemoSettings:
     seq_len: int
     lr: float
     eval_tokens: int
+    init: str = "mean"
+    calibrated_row: bool = True  # also convert with --init calibrated, for comparison
     quiet: bool = False
 
 
@@ -43,59 +45,62 @@ def run_demo(settings: DemoSettings) -> dict:
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
-    paths = {name: out / name for name in ("source", "converted", "run", "uptrained")}
+    paths = {name: out / name for name in ("source", "converted", "calibrated", "run")}
+    paths["uptrained"] = paths["run"] / "export"
+    evals = {name: out / f"eval-{name}.json" for name in ("before", "uptrained", "speed")}
+    compared = [paths["source"], paths["converted"]]
+    compared += [paths["calibrated"]] if settings.calibrated_row else []
 
     with _timed(timings, "1 source"):
         if not _complete(paths["source"]):
             _export_source(paths["source"])
     with _timed(timings, "2 convert"):
-        if not _complete(paths["converted"]):
-            _skipv1(
+        _convert(settings, paths["source"], paths["converted"], settings.init)
+        if settings.calibrated_row:
+            _convert(
                 settings,
-                "convert",
                 paths["source"],
-                paths["converted"],
-                "--skip-heads",
-                settings.skip_heads,
-                "--init",
-                "mean",
+                paths["calibrated"],
+                "calibrated",
+                "--calib-data",
+                "embedded:train",
+                "--calib-tokens",
+                8192,
             )
-    before = out / "eval-before.json"
     with _timed(timings, "3 eval before"):
-        if not before.is_file():
-            _skipv1(
-                settings,
-                "eval",
-                paths["source"],
-                paths["converted"],
-                *_eval_args(settings),
-                "--no-speed",
-                "--json",
-                before,
-            )
+        _eval(settings, evals["before"], *compared, *_ppl_args(settings))
     with _timed(timings, "4 uptrain"):
         if not _complete(paths["uptrained"]):
             _uptrain(settings, paths)
-    after = out / "eval-after.json"
     with _timed(timings, "5 eval after"):
-        if not after.is_file():
-            _skipv1(
-                settings,
-                "eval",
-                paths["source"],
-                paths["converted"],
-                paths["uptrained"],
-                *_eval_args(settings),
-                "--json",
-                after,
-                "--plot",
-                out / "eval.png",
-            )
-    report = _report(settings, paths, json.loads(after.read_text()), timings)
-    return report
+        _eval(settings, evals["uptrained"], paths["uptrained"], *_ppl_args(settings))
+        # KV bytes and speed of every model side by side, in one run.
+        _eval(settings, evals["speed"], *compared, paths["uptrained"], "--no-perplexity")
+    loaded = {name: json.loads(path.read_text()) for name, path in evals.items()}
+    return _report(settings, paths, loaded, timings)
 
 
-def _eval_args(settings: DemoSettings) -> list:
+def _convert(settings: DemoSettings, src: Path, dst: Path, init: str, *extra) -> None:
+    if not _complete(dst):
+        _skipv1(
+            settings,
+            "convert",
+            src,
+            dst,
+            "--skip-heads",
+            settings.skip_heads,
+            "--init",
+            init,
+            *extra,
+        )
+
+
+def _eval(settings: DemoSettings, result: Path, *args) -> None:
+    if not result.is_file():
+        _skipv1(settings, "eval", *args, "--json", result)
+
+
+def _ppl_args(settings: DemoSettings) -> list:
     return [
         "--data",
         "embedded:validation",
@@ -103,6 +108,7 @@ def _eval_args(settings: DemoSettings) -> list:
         settings.seq_len,
         "--max-tokens",
         settings.eval_tokens,
+        "--no-speed",
     ]
 
 
@@ -125,7 +131,12 @@ class _timed:
 def _run(cmd: list) -> None:
     cmd = [str(c) for c in cmd]
     console.print(f"[dim]$ {shlex.join(cmd)}[/dim]", highlight=False)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+    )
     result = subprocess.run(cmd, env=env)
     if result.returncode != 0:
         raise SkipV1Error(
@@ -187,26 +198,30 @@ def _uptrain(settings: DemoSettings, paths: dict) -> None:
         yaml.safe_dump(demo_recipe(settings, paths["converted"]), sort_keys=False)
     )
     _skipv1(settings, "uptrain", recipe_file, "--run-dir", paths["run"], "--nproc", settings.nproc)
-    export = paths["run"] / "export"
-    if not _complete(export):
-        raise SkipV1Error(f"uptrain finished without an export in {export}: rerun `skipv1 demo`")
-    _skipv1(settings, "export", paths["run"], paths["uptrained"], "--overwrite")
+    if not _complete(paths["uptrained"]):
+        raise SkipV1Error(f"uptrain left no export in {paths['uptrained']}: rerun `skipv1 demo`")
 
 
-def _report(settings: DemoSettings, paths: dict, evaluation: dict, timings: dict) -> dict:
+def _report(settings: DemoSettings, paths: dict, evals: dict, timings: dict) -> dict:
     from .uptrain.metrics import read_metrics
 
-    names = ["source", "converted", "uptrained"]
+    names = ["source", f"converted ({settings.init})"]
+    names += ["converted (calibrated)"] if settings.calibrated_row else []
+    perplexity = dict(zip(names, evals["before"]["models"], strict=True))
+    perplexity[f"uptrained ({settings.init})"] = evals["uptrained"]["models"][0]
     rows = []
-    for name, model in zip(names, evaluation["models"], strict=True):
+    for name, speed in zip(perplexity, evals["speed"]["models"], strict=True):
         rows.append(
             {
                 "model": name,
-                "path": model["path"],
-                "params": model["params"],
-                "kv_bytes_per_token": model["kv_bytes_per_token"],
-                "perplexity": model["perplexity"],
-                "decode_tokens_per_s": model["decode_tokens_per_s"],
+                "path": speed["path"],
+                "params": speed["params"],
+                "kv_bytes_per_token": speed["kv_bytes_per_token"],
+                "kv_bytes_per_token_formula": speed["kv_bytes_per_token_formula"],
+                "perplexity": perplexity[name]["perplexity"],
+                "eval_tokens": perplexity[name]["eval_tokens"],
+                "prefill_tokens_per_s": speed["prefill_tokens_per_s"],
+                "decode_tokens_per_s": speed["decode_tokens_per_s"],
             }
         )
     metrics = read_metrics(paths["run"])
@@ -214,7 +229,10 @@ def _report(settings: DemoSettings, paths: dict, evaluation: dict, timings: dict
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
         "models": rows,
         "timings_s": timings,
-        "eval_settings": evaluation["settings"],
+        "eval_settings": {
+            "perplexity": evals["before"]["settings"],
+            "speed": evals["speed"]["settings"],
+        },
         "train_curve": [m for m in metrics if "loss" in m or "eval_ppl" in m],
     }
     out = settings.out
@@ -230,7 +248,7 @@ def _markdown(report: dict) -> str:
     lines = [
         "# skipv1 demo: SmolLM2-135M-Instruct -> SkipV1",
         "",
-        f"s = {s['skip_heads']} of 3 KV heads; uptrained on {s['tokens']:,} tokens of "
+        f"s = {s['skip_heads']} of 3 KV heads, `--init {s['init']}`; uptrained on {s['tokens']:,} tokens of "
         f"embedded:train; perplexity on {s['eval_tokens']:,} tokens of embedded:validation "
         f"(ctx {s['seq_len']}).",
         "",
