@@ -65,9 +65,9 @@ class Scale:
 
 
 SCALES = {
-    # ~1.4M parameters, T ~ 0.4M tokens: ~4 min of pretraining on 2 idle CPU cores, 10-20 min
-    # when they are shared (nice 19)
-    "small": Scale(128, 4, 4, 384, 128, 1024, 4, 8_000_000, 32, 2e-3, 3e-4, 16384),
+    # ~1.4M parameters, T ~ 1.0M tokens: ~8 min of pretraining on 2 CPU cores (more when they
+    # are shared: the runs are niced)
+    "small": Scale(128, 4, 4, 384, 128, 2048, 5, 8_000_000, 64, 2e-3, 3e-4, 16384),
     # ~5.8M parameters, T ~ 1.6M tokens: about an hour of pretraining on the same cores
     "full": Scale(256, 6, 8, 688, 256, 4096, 4, 24_000_000, 64, 1.5e-3, 2.25e-4, 32768),
     # plumbing check only (~2 minutes in all): numbers mean nothing
@@ -357,6 +357,9 @@ def plot(s: dict, scale_name: str, path: Path) -> None:
     ax.set_xlabel("continued training, % of the source's pretraining tokens T")
     ax.set_ylabel("validation perplexity")
     ax.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
     ax.set_title(f"Recovery after conversion ({scale_name} scale, CPU)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
