@@ -64,7 +64,7 @@ def demo(
     ] = Path("demo-out"),
     tokens: Annotated[
         int, typer.Option(help="Uptraining budget in tokens (fits ~15 min on 2 cores).")
-    ] = 32768,
+    ] = 16384,
     skip_heads: Annotated[
         int, typer.Option(help="Value heads (of 3 KV heads) taken from layer 0.")
     ] = 1,
@@ -75,7 +75,7 @@ def demo(
         int, typer.Option(help="Tokens per training sequence and eval window.")
     ] = 256,
     lr: Annotated[float, typer.Option(help="Peak learning rate of the uptraining.")] = 3e-4,
-    eval_tokens: Annotated[int, typer.Option(help="Held-out tokens scored for perplexity.")] = 8192,
+    eval_tokens: Annotated[int, typer.Option(help="Held-out tokens scored for perplexity.")] = 4096,
     init: Annotated[
         str, typer.Option(help="Conversion init: mean (the default of convert), keep, calibrated.")
     ] = "mean",

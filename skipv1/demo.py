@@ -37,26 +37,27 @@ class DemoSettings:
     lr: float
     eval_tokens: int
     init: str = "mean"
-    calibrated_row: bool = True  # also convert with --init calibrated, for comparison
     quiet: bool = False
 
 
 def run_demo(settings: DemoSettings) -> dict:
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
+    _check_same_settings(settings)
+    report_file = out / "report.json"
+    timings = json.loads(report_file.read_text())["timings_s"] if report_file.is_file() else {}
     paths = {name: out / name for name in ("source", "converted", "calibrated", "run")}
     paths["uptrained"] = paths["run"] / "export"
     evals = {name: out / f"eval-{name}.json" for name in ("before", "uptrained", "speed")}
     compared = [paths["source"], paths["converted"]]
-    compared += [paths["calibrated"]] if settings.calibrated_row else []
+    compared += [paths["calibrated"]] if _calibrated_row(settings) else []
 
     with _timed(timings, "1 source"):
         if not _complete(paths["source"]):
             _export_source(paths["source"])
     with _timed(timings, "2 convert"):
         _convert(settings, paths["source"], paths["converted"], settings.init)
-        if settings.calibrated_row:
+        if _calibrated_row(settings):
             _convert(
                 settings,
                 paths["source"],
@@ -78,6 +79,23 @@ def run_demo(settings: DemoSettings) -> dict:
         _eval(settings, evals["speed"], *compared, paths["uptrained"], "--no-perplexity")
     loaded = {name: json.loads(path.read_text()) for name, path in evals.items()}
     return _report(settings, paths, loaded, timings)
+
+
+def _check_same_settings(settings: DemoSettings) -> None:
+    """Finished steps are reused only when they were made with the same settings."""
+    record = settings.out / "settings.json"
+    current = {k: v for k, v in asdict(settings).items() if k not in ("out", "quiet")}
+    if record.is_file() and json.loads(record.read_text()) != current:
+        raise SkipV1Error(
+            f"{settings.out} holds a demo run with other settings ({record}): "
+            "remove the directory or pass another --out"
+        )
+    record.write_text(json.dumps(current, indent=2))
+
+
+def _calibrated_row(settings: DemoSettings) -> bool:
+    """Also convert with --init calibrated (not uptrained), to show what it buys."""
+    return settings.init != "calibrated"
 
 
 def _convert(settings: DemoSettings, src: Path, dst: Path, init: str, *extra) -> None:
@@ -117,6 +135,8 @@ def _complete(path: Path) -> bool:
 
 
 class _timed:
+    """Wall time of a step; a step reused from an earlier run keeps that run's time."""
+
     def __init__(self, timings: dict, name: str):
         self.timings, self.name = timings, name
 
@@ -125,7 +145,9 @@ class _timed:
         self.start = time.perf_counter()
 
     def __exit__(self, *exc):
-        self.timings[self.name] = round(time.perf_counter() - self.start, 1)
+        seconds = round(time.perf_counter() - self.start, 1)
+        if seconds >= 1 or self.name not in self.timings:
+            self.timings[self.name] = seconds
 
 
 def _run(cmd: list) -> None:
@@ -206,7 +228,7 @@ def _report(settings: DemoSettings, paths: dict, evals: dict, timings: dict) -> 
     from .uptrain.metrics import read_metrics
 
     names = ["source", f"converted ({settings.init})"]
-    names += ["converted (calibrated)"] if settings.calibrated_row else []
+    names += ["converted (calibrated)"] if _calibrated_row(settings) else []
     perplexity = dict(zip(names, evals["before"]["models"], strict=True))
     perplexity[f"uptrained ({settings.init})"] = evals["uptrained"]["models"][0]
     rows = []
@@ -282,7 +304,10 @@ def _plot_curve(curve: list[dict], path: Path) -> None:
     if evals:
         ax_ppl.plot(*zip(*evals, strict=True), marker="o", color="tab:orange")
     ax_ppl.set(
-        title="eval perplexity (embedded:validation)", xlabel="optimizer step", ylabel="perplexity"
+        title="eval perplexity (embedded:validation)",
+        xlabel="optimizer step",
+        ylabel="perplexity (log scale)",
+        yscale="log",
     )
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -1,0 +1,52 @@
+"""`skipv1 demo`: the recipe it writes is valid, its options are documented, and a rerun with
+other settings refuses to reuse finished steps."""
+
+import json
+
+import yaml
+from typer.testing import CliRunner
+
+from skipv1.cli import app
+from skipv1.demo import DemoSettings, demo_recipe
+from skipv1.uptrain.recipe import load_recipe
+
+
+def settings(tmp_path, **overrides) -> DemoSettings:
+    fields = dict(
+        out=tmp_path / "demo-out",
+        tokens=16384,
+        skip_heads=1,
+        nproc=2,
+        seq_len=256,
+        lr=3e-4,
+        eval_tokens=4096,
+    )
+    return DemoSettings(**{**fields, **overrides})
+
+
+def test_demo_recipe_passes_the_uptrain_schema(tmp_path):
+    for nproc in (1, 2):
+        path = tmp_path / f"recipe{nproc}.yaml"
+        path.write_text(yaml.safe_dump(demo_recipe(settings(tmp_path, nproc=nproc), tmp_path)))
+        recipe = load_recipe(path)
+        assert recipe.budget.tokens == 16384
+        per_step = recipe.batch.micro_batch_size * nproc * recipe.data.seq_len
+        assert recipe.batch.global_batch_tokens % per_step == 0
+
+
+def test_demo_help_explains_each_option():
+    result = CliRunner().invoke(app, ["demo", "--help"])
+    assert result.exit_code == 0
+    for option in ("--out", "--tokens", "--skip-heads", "--nproc", "--init"):
+        assert option in result.stdout
+
+
+def test_rerun_with_other_settings_is_refused(tmp_path):
+    out = tmp_path / "demo-out"
+    out.mkdir()
+    first = settings(tmp_path)
+    record = {k: v for k, v in first.__dict__.items() if k not in ("out", "quiet")}
+    (out / "settings.json").write_text(json.dumps(record))
+    result = CliRunner().invoke(app, ["demo", "--out", str(out), "--tokens", "999"])
+    assert result.exit_code == 2
+    assert "holds a demo run with other settings" in result.stderr
