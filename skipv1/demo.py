@@ -58,16 +58,7 @@ def run_demo(settings: DemoSettings) -> dict:
     with _timed(timings, "2 convert"):
         _convert(settings, paths["source"], paths["converted"], settings.init)
         if _calibrated_row(settings):
-            _convert(
-                settings,
-                paths["source"],
-                paths["calibrated"],
-                "calibrated",
-                "--calib-data",
-                "embedded:train",
-                "--calib-tokens",
-                8192,
-            )
+            _convert(settings, paths["source"], paths["calibrated"], "calibrated")
     with _timed(timings, "3 eval before"):
         _eval(settings, evals["before"], *compared, *_ppl_args(settings))
     with _timed(timings, "4 uptrain"):
