@@ -96,19 +96,21 @@ def calibrate(
     skip_heads: int,
     batch_size: int = 8,
     on_layer: Callable[[int], None] | None = None,
+    device: "str | torch.device" = "cpu",
 ) -> Calibration:
     """Fits every later layer; `config` describes the source (its skip_v_heads must be 0)."""
     calibration = Calibration(
         config.num_attention_heads, config.num_key_value_heads, config.head_dim, skip_heads
     )
-    hidden = load(["model.embed_tokens.weight"])["model.embed_tokens.weight"].float()[input_ids]
-    positions = torch.arange(input_ids.shape[1]).unsqueeze(0)
+    embed = load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
+    hidden = embed.float()[input_ids].to(device)
+    positions = torch.arange(input_ids.shape[1], device=device).unsqueeze(0)
     rotary = _rotary(config)
     cos, sin = rotary(hidden[:1], positions)
     first_values = None
     for i in range(config.num_hidden_layers):
-        layer = _load_layer(config, load, i)
-        stats = _GramStats(config, skip_heads) if i > 0 and skip_heads > 0 else None
+        layer = _load_layer(config, load, i).to(device)
+        stats = _GramStats(config, skip_heads, device) if i > 0 and skip_heads > 0 else None
         outputs, values = [], []
         for start in range(0, hidden.shape[0], batch_size):
             h = hidden[start : start + batch_size]
@@ -119,7 +121,7 @@ def calibrate(
         if i == 0:
             first_values = torch.cat(values)
         if stats is not None:
-            calibration.layers[i] = stats.fit(layer.self_attn.o_proj.weight.detach())
+            calibration.layers[i] = stats.fit(layer.self_attn.o_proj.weight.detach().cpu())
         hidden = torch.cat(outputs)
         del layer
         if on_layer is not None:
@@ -156,7 +158,7 @@ def _layer_forward(layer, hidden, cos, sin, stats, first_values):
     v = attn.v_proj(x).view(shape).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     scores = q @ repeat_kv(k, attn.num_key_value_groups).transpose(2, 3) * attn.scaling
-    causal = torch.ones(length, length, dtype=torch.bool).triu(1)
+    causal = torch.ones(length, length, dtype=torch.bool, device=hidden.device).triu(1)
     probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
     mixed = probs @ repeat_kv(v, attn.num_key_value_groups)  # (B, H, T, d)
     if stats is not None:
@@ -169,14 +171,14 @@ def _layer_forward(layer, hidden, cos, sin, stats, first_values):
 class _GramStats:
     """d x d Gram matrices per (query head, borrowed slot): Z = P_q V0_j, Y = P_q V_h."""
 
-    def __init__(self, config: SkipV1LlamaConfig, skip_heads: int):
+    def __init__(self, config: SkipV1LlamaConfig, skip_heads: int, device="cpu"):
         self.heads, self.kv = config.num_attention_heads, config.num_key_value_heads
         self.d, self.s = config.head_dim, skip_heads
         self.slots = list(range(self.kv - skip_heads, self.kv))
-        zeros = torch.zeros
-        self.zz = zeros(len(self.slots), self.heads, self.d, self.d, dtype=torch.float64)
+        shape = (len(self.slots), self.heads, self.d, self.d)
+        self.zz = torch.zeros(shape, dtype=torch.float64, device=device)
         self.zy = torch.zeros_like(self.zz)
-        self.yy = zeros(self.heads, self.d, self.d, dtype=torch.float64)
+        self.yy = torch.zeros(shape[1:], dtype=torch.float64, device=device)
 
     def add(self, probs, mixed, first_values) -> None:
         y = mixed.double()
@@ -187,6 +189,8 @@ class _GramStats:
             self.zy[n] += torch.einsum("bhtd,bhte->hde", z, y)
 
     def fit(self, o_proj: torch.Tensor) -> LayerFit:
+        """Closed-form fits on the CPU (d x d systems), from statistics gathered on any device."""
+        self.zz, self.zy, self.yy = self.zz.cpu(), self.zy.cpu(), self.yy.cpu()
         d, group = self.d, self.heads // self.kv
         blocks = o_proj.double().reshape(o_proj.shape[0], self.heads, d).permute(1, 0, 2)
         gram_o = blocks.transpose(1, 2) @ blocks  # (H, d, d): W_q^T W_q
@@ -297,8 +301,18 @@ def calibrate_source(prepared, options: dict, quiet: bool) -> Calibration:
     with step_progress(quiet) as progress:
         task = progress.add_task("calibrating layers", total=config.num_hidden_layers)
         return calibrate(
-            config, load, ids, prepared.plan.skip_heads, on_layer=lambda i: progress.advance(task)
+            config,
+            load,
+            ids,
+            prepared.plan.skip_heads,
+            on_layer=lambda i: progress.advance(task),
+            device=calibration_device(),
         )
+
+
+def calibration_device() -> str:
+    """The calibration pass is forward-only and small: a GPU when there is one."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def source_config(out_config: dict) -> SkipV1LlamaConfig:
@@ -327,5 +341,6 @@ def calibration_record(calibration: Calibration, options: dict) -> dict:
         "tokens": options["calib_tokens"],
         "seq_len": options["calib_seq_len"],
         "method": "per-layer head choice + least-squares refit of borrowed heads' o_proj",
+        "device": calibration_device(),
         "layers": calibration.summary(),
     }
