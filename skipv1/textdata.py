@@ -13,7 +13,7 @@ A data spec is a string or a mapping:
 import glob
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,6 @@ class DataSpec:
     config: str | None = None
     split: str = "train"
     text_field: str = "text"
-    extra: dict = field(default_factory=dict)
 
     def describe(self) -> str:
         if self.kind == "files":

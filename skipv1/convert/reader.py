@@ -53,9 +53,6 @@ class SourceWeights:
     index_file: str | None
     refs: dict[str, TensorRef]
 
-    def file_bytes(self) -> dict[str, int]:
-        return {f: (self.root / f).stat().st_size for f in self.files}
-
 
 # --- where the source is -------------------------------------------------------------------
 

@@ -3,7 +3,6 @@
 step, tokens, eval_loss, eval_ppl), TensorBoard when installed, W&B when configured."""
 
 import json
-import time
 from pathlib import Path
 
 from rich.progress import TextColumn
@@ -53,7 +52,6 @@ class MetricsLogger:
         self.task = self.progress.add_task(
             "uptrain", total=total_steps, completed=start_step, loss=float("nan"), lr=0.0, tps=0.0
         )
-        self._t0 = time.perf_counter()
 
     def step(self, record: dict) -> None:
         if not self.enabled:
