@@ -4,6 +4,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
+from skipv1.convert import calibrate as calibrate_module
 from skipv1.convert.calibrate import Calibration, LayerFit, calibrate
 from skipv1.convert.init import init_mean
 
@@ -109,3 +110,16 @@ def test_permuting_heads_before_the_drop_leaves_source_logits_unchanged():
     ids = tokens(4, seed=4)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, source(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_validated_ridge_generalises_better_on_little_calibration_data(monkeypatch):
+    source = source_model()
+    held_out = tokens(8, seed=2)
+    few = run_calibration(source, 2, n=2)  # 64 tokens: an unregularised d x d fit overfits
+    cross_validated = logit_error(converted(source, 2, few.transform), source, held_out)
+    monkeypatch.setattr(calibrate_module, "RIDGE_GRID", (1e-6,))
+    plain = run_calibration(source, 2, n=2)
+    unregularised = logit_error(converted(source, 2, plain.transform), source, held_out)
+    assert cross_validated < unregularised
+    strengths = [r for fit in few.layers.values() for r in fit.ridge]
+    assert len(strengths) == (LAYERS - 1) * 2 * (HEADS // KV) and max(strengths) > 1e-5

@@ -183,10 +183,18 @@ def test_a_rank_data_error_is_one_line_exit_2(workdir):
 
 
 def test_source_is_converted_on_the_fly_single_process_zero0(checkpoint, tmp_path, workdir):
-    """model.source -> RUN_DIR/converted through skipv1.convert; one process, no ZeRO."""
+    """model.source -> RUN_DIR/converted through skipv1.convert (with the calibration options
+    passed on); one process, no ZeRO."""
     src = checkpoint("src", num_key_value_heads=2)
     recipe = yaml.safe_load((workdir / "recipe.yaml").read_text())
-    recipe["model"] = {"source": str(src), "skip_heads": 1, "dtype": "float32"}
+    calib = {"calib_data": recipe["data"]["train"], "calib_tokens": 512, "calib_seq_len": 64}
+    recipe["model"] = {
+        "source": str(src),
+        "skip_heads": 1,
+        "dtype": "float32",
+        "init": "calibrated",
+        **calib,
+    }
     recipe["budget"] = {"tokens": 2048, "pretraining_tokens": 10**9}
     recipe["deepspeed"] = {"zero_stage": 0}
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
@@ -197,6 +205,10 @@ def test_source_is_converted_on_the_fly_single_process_zero0(checkpoint, tmp_pat
     assert "of the source's pretraining compute" in result.stderr
     converted = json.loads((run / "converted" / "config.json").read_text())
     assert converted["skip_v_heads"] == 1
+    record = json.loads((run / "converted" / "skipv1_conversion.json").read_text())
+    assert record["init"] == "calibrated"
+    assert (record["calibration"]["tokens"], record["calibration"]["seq_len"]) == (512, 64)
+    assert record["calibration"]["data"] == calib["calib_data"]
     assert sorted(train_losses(run)) == [1, 2]
     offline = tmp_path / "offline"
     assert subprocess.run([SKIPV1, "export", str(run), str(offline)]).returncode == 0

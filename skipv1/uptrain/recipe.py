@@ -26,6 +26,9 @@ class ModelSection:
     source: str | None = None  # an MHA/GQA checkpoint, converted on the fly into the run dir
     skip_heads: int | None = None  # convert option: s (default: half the KV heads)
     init: str = "mean"  # convert option: how the kept value heads are initialised
+    calib_data: DataSource = "embedded:train"  # convert options for init: calibrated
+    calib_tokens: int = 32768
+    calib_seq_len: int = 256
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"  # training precision
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False

@@ -94,6 +94,9 @@ class UptrainRecipe:
                 skip_heads=m.skip_heads,
                 init=m.init,
                 trust_remote_code=m.trust_remote_code,
+                calib_data=m.calib_data,
+                calib_tokens=m.calib_tokens,
+                calib_seq_len=m.calib_seq_len,
                 quiet=True,
             )
         _barrier()
