@@ -15,7 +15,8 @@ Stages (each reused when a rerun finds it finished, in --work-dir):
    D SkipV1 --init calibrated + distillation from the source; E GQA with n_kv/2 mean-pooled
    K/V heads (Ainslie et al.), a plain Llama checkpoint; F (ablation, not in the issue):
    D's conversion trained without distillation, to separate the two.
-5. report: docs/results/recovery.md and recovery.png (or --out).
+5. report: docs/results/recovery.md, .png, .json (recovery-small.* etc. for the other scales;
+   --out for another folder).
 """
 
 import argparse
@@ -458,7 +459,7 @@ Source validation perplexity: **{s["source_ppl"]:.3f}**.
 
 {chr(10).join(rows)}
 
-![recovery curves](recovery.png)
+![recovery curves]({report_stem(args.scale)}.png)
 
 ## Goals (issue 7)
 
@@ -469,8 +470,14 @@ Source validation perplexity: **{s["source_ppl"]:.3f}**.
 {chr(10).join(curve_rows)}
 """
     out.mkdir(parents=True, exist_ok=True)
-    (out / "recovery.md").write_text(text)
-    (out / "recovery.json").write_text(json.dumps({"scale": asdict(scale), **s}, indent=1))
+    stem = report_stem(args.scale)
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps({"scale": asdict(scale), **s}, indent=1))
+
+
+def report_stem(scale_name: str) -> str:
+    """The issue's experiment is `recovery`; other scales never overwrite it."""
+    return "recovery" if scale_name == "full" else f"recovery-{scale_name}"
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -513,10 +520,10 @@ def main() -> None:
     s = summarize(work, scale, source)
     results = Path(args.out)
     results.mkdir(parents=True, exist_ok=True)
-    plot(s, args.scale, results / "recovery.png")
+    plot(s, args.scale, results / f"{report_stem(args.scale)}.png")
     command = "nice -n 19 .venv/bin/python bench/recovery.py " + shlex.join(sys.argv[1:])
     write_report(s, args, scale, work, results, command.strip())
-    print(f"wrote {results / 'recovery.md'}")
+    print(f"wrote {results / report_stem(args.scale)}.md")
 
 
 if __name__ == "__main__":
