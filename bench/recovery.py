@@ -340,7 +340,7 @@ def goals(s: dict) -> list[str]:
         f"- Calibrated conversion at least halves mean's perplexity excess right after "
         f"conversion (tiny source): {'**met**' if ok else '**not met**'} (excess: calibrated "
         f"{excess_cal:+.3f}, mean {excess_mean:+.3f}; ratio {excess_cal / excess_mean:.2f}). "
-        "SmolLM2 half of this goal: not measured here."
+        "SmolLM2 half of this goal: `docs/results/post_conversion_smollm2.md`."
     )
     low = min(a["curve"], key=lambda p: p[1])
     why = (
