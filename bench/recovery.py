@@ -256,7 +256,7 @@ def seconds(marker: Path) -> float:
 SMALL_NOTE = """**This is not the issue's experiment at full size.** The source here is pretrained
 for minutes, not the issue's ~1 hour, on one seed, and perplexity is measured on a few dozen
 blocks: differences of a few tenths of a point are within noise. `--scale full` runs the issue's
-configuration; its results are not claimed here."""
+configuration; its report is `recovery.md`."""
 
 
 def eval_curve(run_dir: Path, scale: Scale) -> list[tuple[float, float]]:
