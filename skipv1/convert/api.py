@@ -15,10 +15,12 @@ import torch
 from ..checkpoint_info import check_supported, is_skipv1, read_config
 from ..console import byte_progress, console
 from ..errors import SkipV1Error
+from ..smollm2 import smollm2_gguf_path
 from .calibrate import Calibration, calibrate_source, calibration_record, check_calibration_options
 from .companions import companion_files, copy_companions, copy_modeling_code
 from .config import ConfigChange, skipv1_config
 from .init import apply_init
+from .init_registry import CALIBRATED_INITS, DEFAULT_INIT
 from .plan import (
     CALIBRATE,
     DROPPABLE_SUFFIXES,
@@ -33,6 +35,8 @@ from .reader import SourceWeights, download_from_hub, is_hub_id, iter_tensors, s
 from .writer import atomic_workspace, remove_stale_workspaces, write_shards
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# Sources named by a built-in name instead of a path (the model the demo and tiny-cpu use).
+BUILTIN_SOURCES = {"builtin:smollm2": smollm2_gguf_path}
 # Room for headers, config, tokenizer and provenance beyond the tensor bytes.
 DISK_SLACK = 16 * 2**20
 
@@ -76,7 +80,7 @@ def convert_checkpoint(
     dst: "str | Path",
     *,
     skip_heads: int | None = None,
-    init: str = "mean",
+    init: str = DEFAULT_INIT,
     dtype: str = "auto",
     shard_size: "str | int" = "5GB",
     overwrite: bool = False,
@@ -98,7 +102,7 @@ def convert_checkpoint(
         "max_shard_bytes": parse_shard_size(shard_size),
         "trust_remote_code": trust_remote_code,
     }
-    if init == "calibrated":
+    if init in CALIBRATED_INITS:
         options.update(
             calib_data=calib_data, calib_tokens=calib_tokens, calib_seq_len=calib_seq_len
         )
@@ -153,6 +157,8 @@ def parse_shard_size(value: "str | int") -> int:
 
 def locate_source(src: "str | Path") -> Source:
     text = str(src)
+    if text in BUILTIN_SOURCES:
+        return Source(text, BUILTIN_SOURCES[text]())
     path = Path(text).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return Source(text, path.absolute())
@@ -320,7 +326,7 @@ def write_output(
     source: Source, dst: Path, prepared: Prepared, options: dict, out: Path, quiet: bool
 ) -> dict:
     calibration = None
-    if prepared.plan.init == "calibrated" and prepared.plan.skip_heads:
+    if prepared.plan.init in CALIBRATED_INITS and prepared.plan.skip_heads:
         calibration = calibrate_source(prepared, options, quiet)
     with byte_progress(quiet) as progress:
         task = progress.add_task("converting", total=prepared.bytes_out())

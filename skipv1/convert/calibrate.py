@@ -341,8 +341,10 @@ def check_calibration_options(options: dict) -> None:
         )
 
 
-def calibrate_source(prepared, options: dict, quiet: bool) -> Calibration:
-    """Runs `calibrate` on a validated source (see api.prepare), reading one layer at a time."""
+def calibrate_source(prepared, options: dict, quiet: bool):
+    """Runs the plan's calibrated init (`calibrate`, or `reconstruct`) on a validated source (see
+    api.prepare), reading one layer at a time; returns an object with `transform` and
+    `summary`."""
     from ..console import step_progress
     from ..textdata import iter_texts
     from .reader import iter_tensors
@@ -358,9 +360,12 @@ def calibrate_source(prepared, options: dict, quiet: bool) -> Calibration:
     def load(names: list[str]) -> dict[str, torch.Tensor]:
         return dict(iter_tensors(prepared.weights, set(names)))
 
+    fit = calibrate
+    if prepared.plan.init == "reconstruct":
+        from .reconstruct import reconstruct as fit
     with step_progress(quiet) as progress:
-        task = progress.add_task("calibrating layers", total=config.num_hidden_layers)
-        return calibrate(
+        task = progress.add_task(f"{prepared.plan.init}: layers", total=config.num_hidden_layers)
+        return fit(
             config,
             load,
             ids,
@@ -394,14 +399,19 @@ def _tokenizer(root):
         ) from None
 
 
-def calibration_record(calibration: Calibration, options: dict) -> dict:
+METHOD = (
+    "per-layer head choice + ridge least-squares refit of borrowed heads' o_proj "
+    "(ridge chosen by two-fold cross-validation)"
+)
+
+
+def calibration_record(calibration, options: dict) -> dict:
     """Settings and per-layer results for skipv1_conversion.json."""
     return {
         "data": str(options["calib_data"]),
         "tokens": options["calib_tokens"],
         "seq_len": options["calib_seq_len"],
-        "method": "per-layer head choice + ridge least-squares refit of borrowed heads' o_proj "
-        "(ridge chosen by two-fold cross-validation)",
+        "method": getattr(calibration, "method", METHOD),
         "device": calibration_device(),
         "layers": calibration.summary(),
     }

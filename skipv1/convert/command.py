@@ -7,6 +7,7 @@ import typer
 
 from ..console import cli_command, stdout
 from .api import convert_checkpoint
+from .init_registry import DEFAULT_INIT
 
 
 @cli_command
@@ -24,10 +25,11 @@ def convert(
     init: Annotated[
         str,
         typer.Option(
-            help="Own value heads: mean (mean of head groups), keep (first heads) or calibrated "
-            "(heads chosen and o_proj refitted on calibration text)."
+            help="Own value heads: reconstruct (the best: heads chosen and attention refitted "
+            "layer by layer on calibration text), calibrated (heads chosen, borrowed heads' "
+            "o_proj refitted), keep (first heads) or mean (the paper's mean of head groups)."
         ),
-    ] = "mean",
+    ] = DEFAULT_INIT,
     dtype: Annotated[
         str, typer.Option(help="Output dtype: auto (the source's), bfloat16, float16, float32.")
     ] = "auto",
@@ -43,13 +45,13 @@ def convert(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
     calib_data: Annotated[
-        str, typer.Option(help="--init calibrated: calibration text (a data spec).")
+        str, typer.Option(help="reconstruct/calibrated inits: calibration text (a data spec).")
     ] = "embedded:train",
     calib_tokens: Annotated[
-        int, typer.Option(help="--init calibrated: calibration tokens.")
+        int, typer.Option(help="reconstruct/calibrated inits: calibration tokens.")
     ] = 32768,
     calib_seq_len: Annotated[
-        int, typer.Option(help="--init calibrated: tokens per calibration sequence.")
+        int, typer.Option(help="reconstruct/calibrated inits: tokens per calibration sequence.")
     ] = 256,
 ) -> None:
     """Convert a Llama/Mistral/Qwen2 checkpoint to SkipV1Former."""

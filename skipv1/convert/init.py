@@ -6,7 +6,8 @@ they return the `(n_kv - s) * head_dim` rows the layer keeps as its own value he
 
 import torch
 
-INITS = ("mean", "keep", "calibrated")  # calibrated: see calibrate.py
+from .init_registry import INITS
+
 
 
 def value_head_groups(num_kv_heads: int, skip_heads: int) -> tuple[tuple[int, ...], ...]:

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from ..checkpoint_info import SOURCE_ARCHITECTURES, architecture, default_skip_heads
 from ..errors import SkipV1Error
 from ..modeling.layout import KVLayout, kv_layout
-from .init import INITS, value_head_groups
+from .init import value_head_groups
+from .init_registry import CALIBRATED_INITS, DEFAULT_INIT, INIT_SPECS, INITS
 
 COPY = "copy"
 REWRITE_V = "rewrite_v"
-# --init calibrated: q/k/o of later layers are permuted by head and o_proj is refitted.
+# Calibrated inits: q/k/o of attention are permuted by head and refitted (layer 0 permuted only).
 CALIBRATE = "calibrate"
 # Buffers some old checkpoints saved; the model recomputes them.
 DROPPABLE_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -115,7 +116,7 @@ class ConversionPlan:
     @property
     def groups(self) -> tuple[tuple[int, ...], ...]:
         """Source value heads each own head of a later layer is made from."""
-        if self.init == "calibrated":
+        if self.init in CALIBRATED_INITS:
             return ()  # chosen per layer on calibration data: see the calibration summary
         if self.init == "keep":
             return tuple((j,) for j in range(self.own_heads))
@@ -129,21 +130,24 @@ class ConversionPlan:
         return [t for t in self.tasks.values() if t.action != COPY]
 
 
+def attention_projection(name: str) -> str | None:
+    """ "q_proj" for model.layers.{i}.self_attn.q_proj.{weight,bias} (likewise k, v, o)."""
+    parts = name.split(".")
+    ok = len(parts) == 6 and parts[:2] == ["model", "layers"] and parts[2].isdigit()
+    ok = ok and parts[3] == "self_attn" and parts[4] in ("q_proj", "k_proj", "v_proj", "o_proj")
+    return parts[4] if ok else None
+
+
 def later_attention_projection(name: str) -> str | None:
     """ "q_proj" for model.layers.{i}.self_attn.q_proj.{weight,bias} with i >= 1 (likewise k, v,
     o); None for any other tensor."""
-    parts = name.split(".")
-    later = (
-        len(parts) == 6
-        and parts[:2] == ["model", "layers"]
-        and parts[2].isdigit()
-        and int(parts[2]) >= 1
-        and parts[3] == "self_attn"
-    )
-    return parts[4] if later and parts[4] in ("q_proj", "k_proj", "v_proj", "o_proj") else None
+    projection = attention_projection(name)
+    return projection if projection and int(name.split(".")[2]) >= 1 else None
 
 
-def make_plan(config: dict, skip_heads: int | None = None, init: str = "mean") -> ConversionPlan:
+def make_plan(
+    config: dict, skip_heads: int | None = None, init: str = DEFAULT_INIT
+) -> ConversionPlan:
     """The plan for a source config; raises SkipV1Error for options the config cannot take."""
     source = SourceModel.from_config(config)
     n_kv = source.num_kv_heads
@@ -161,11 +165,20 @@ def make_plan(config: dict, skip_heads: int | None = None, init: str = "mean") -
         if projection == "v_proj":
             target = ((n_kv - s) * source.head_dim, *shape[1:])
             tasks[name] = TensorTask(name, REWRITE_V, shape, target)
-        elif projection and init == "calibrated":
+        elif s and _rewrites_attention(init, name):
             tasks[name] = TensorTask(name, CALIBRATE, shape, shape)
         else:
             tasks[name] = TensorTask(name, COPY, shape, shape)
     return ConversionPlan(source, s, init, tasks)
+
+
+def _rewrites_attention(init: str, name: str) -> bool:
+    spec = INIT_SPECS[init]
+    if not spec.calibrated:
+        return False
+    if spec.layers == "all":
+        return attention_projection(name) is not None
+    return later_attention_projection(name) is not None
 
 
 def shard_layout(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:

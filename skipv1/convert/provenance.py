@@ -8,6 +8,8 @@ import json
 import platform
 from pathlib import Path
 
+from .init_registry import INIT_SPECS
+
 PROVENANCE_FILE = "skipv1_conversion.json"
 LIBRARIES = ("skipv1", "torch", "transformers", "safetensors", "huggingface_hub", "tokenizers")
 
@@ -47,14 +49,8 @@ def write_provenance(out: Path, summary: dict, source_hashes: dict) -> dict:
 def write_model_card(out: Path, summary: dict) -> None:
     kv = summary["kv_bytes_per_token"]
     groups = ", ".join("(" + ",".join(map(str, g)) + ")" for g in summary["value_head_groups"])
-    rule = {
-        "mean": f"the mean of source value heads in groups {groups}",
-        "calibrated": "the source heads chosen per layer on calibration text (the others read "
-        "layer 0, with their o_proj columns refitted by least squares)",
-    }.get(
-        summary["init"],
-        f"source value heads 0..{summary['num_kv_heads'] - summary['skip_heads'] - 1}",
-    )
+    own_last = summary["num_kv_heads"] - summary["skip_heads"] - 1
+    rule = INIT_SPECS[summary["init"]].rule.format(groups=groups, own_last=own_last)
     base = summary.get("hub_id")
     front = ["---", "library_name: transformers", "tags:", "- skipv1", "- skipv1former"]
     if base:

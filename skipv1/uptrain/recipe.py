@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
+from ..convert.init_registry import DEFAULT_INIT
 from ..errors import SkipV1Error
 
 DataSource = Any  # a data spec string or mapping, checked by skipv1.textdata
@@ -25,8 +26,8 @@ class ModelSection:
     path: str | None = None  # an already converted SkipV1 checkpoint (or any supported source)
     source: str | None = None  # an MHA/GQA checkpoint, converted on the fly into the run dir
     skip_heads: int | None = None  # convert option: s (default: half the KV heads)
-    init: str = "mean"  # convert option: how the kept value heads are initialised
-    calib_data: DataSource = "embedded:train"  # convert options for init: calibrated
+    init: str = DEFAULT_INIT  # convert option: how the kept value heads are initialised
+    calib_data: DataSource = "embedded:train"  # convert options for calibrated inits
     calib_tokens: int = 32768
     calib_seq_len: int = 256
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"  # training precision

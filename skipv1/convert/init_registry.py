@@ -1,0 +1,43 @@
+"""The inits `convert` knows, with what the converter must know of each (no torch here: the CLI
+reads the default at start-up). The tensor work of each lives in its own module: init.py (keep,
+mean), calibrate.py (calibrated), reconstruct.py (reconstruct)."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InitSpec:
+    """What the converter must know about an init; the tensor work lives in its own module."""
+
+    name: str
+    calibrated: bool  # fitted on calibration text: needs its options and the tokenizer
+    layers: str  # attention tensors it may rewrite: "later" (layers >= 1) or "all" (layer 0 too)
+    rule: str  # how the own value heads are made, for the model card
+
+
+INIT_SPECS = {
+    spec.name: spec
+    for spec in (
+        InitSpec(
+            "reconstruct",
+            True,
+            "all",
+            "the source heads chosen per layer on calibration text, with the whole o_proj refitted "
+            "layer by layer so the converted model's attention outputs match the source's "
+            "(layer 0's heads may be reordered, which leaves its function unchanged)",
+        ),
+        InitSpec(
+            "calibrated",
+            True,
+            "later",
+            "the source heads chosen per layer on calibration text (the others read layer 0, "
+            "with their o_proj columns refitted by least squares)",
+        ),
+        InitSpec("keep", False, "later", "source value heads 0..{own_last}"),
+        InitSpec("mean", False, "later", "the mean of source value heads in groups {groups}"),
+    )
+}
+INITS = tuple(INIT_SPECS)
+# The init that measures best (docs/results/post_conversion_smollm2.md); `mean` is the paper's.
+DEFAULT_INIT = "reconstruct"
+CALIBRATED_INITS = tuple(name for name, spec in INIT_SPECS.items() if spec.calibrated)

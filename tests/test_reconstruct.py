@@ -1,0 +1,91 @@
+"""`--init reconstruct` (the default): layer-by-layer refit of attention on calibration text."""
+
+import inspect
+import json
+
+import torch
+from safetensors.torch import load_file
+from test_calibrate import KV, LAYERS, converted, logit_error, run_calibration, skip_config, source_model, tokens
+from transformers import AutoModelForCausalLM
+from typer.testing import CliRunner
+
+from skipv1.cli import app, demo
+from skipv1.convert.api import convert_checkpoint
+from skipv1.convert.command import convert as convert_command
+from skipv1.convert.init_registry import DEFAULT_INIT
+from skipv1.convert.reconstruct import ReconstructSettings, reconstruct
+from skipv1.demo import DemoSettings
+from skipv1.uptrain.recipe import ModelSection
+
+runner = CliRunner()
+
+
+def run_reconstruct(source, s, n=16, **settings):
+    state = source.state_dict()
+    return reconstruct(
+        skip_config(source, 0),
+        lambda names: {k: state[k] for k in names},
+        tokens(n, seed=1),
+        skip_heads=s,
+        settings=ReconstructSettings(batch_size=4, **settings),
+    )
+
+
+def test_reconstruct_beats_calibrated_on_held_out_inputs():
+    source = source_model()
+    held_out = tokens(8, seed=2)
+    for s in (1, 2):
+        calibrated = run_calibration(source, s, n=16)
+        rebuilt = run_reconstruct(source, s, n=16)
+        errors = {
+            name: logit_error(converted(source, s, fit.transform), source, held_out)
+            for name, fit in (("calibrated", calibrated), ("reconstruct", rebuilt))
+        }
+        assert errors["reconstruct"] < errors["calibrated"], (s, errors)
+        for i, record in rebuilt.layers.items():
+            assert sorted(record["order"]) == list(range(KV))
+            assert record["error_refit"] <= record["error_before"], (i, record)
+
+
+def test_reconstruct_keeps_the_checkpoint_contract():
+    source = source_model()
+    rebuilt = run_reconstruct(source, 2)
+    state = {k: rebuilt.transform(k, v) for k, v in source.state_dict().items()}
+    src = source.state_dict()
+    for name, tensor in state.items():
+        if ".v_proj." in name and ".layers.0." not in name:
+            assert tensor.shape[0] == src[name].shape[0] // KV * (KV - 2), name
+        else:
+            assert tensor.shape == src[name].shape, name
+    # Layer 0 and everything outside attention are the source's tensors.
+    for name in src:
+        if ".self_attn." not in name or ".layers.0." in name:
+            assert torch.equal(state[name], src[name]), name
+    model = converted(source, 2, rebuilt.transform)
+    assert len(model.model.layers) == LAYERS
+
+
+def test_the_default_init_is_the_same_everywhere():
+    cli_default = inspect.signature(convert_command).parameters["init"].default
+    api_default = inspect.signature(convert_checkpoint).parameters["init"].default
+    demo_default = inspect.signature(demo).parameters["init"].default
+    assert DEFAULT_INIT == "reconstruct"
+    assert {cli_default, api_default, demo_default, ModelSection().init} == {DEFAULT_INIT}
+    assert DemoSettings(out=".", tokens=1, skip_heads=1, nproc=1, seq_len=8, lr=1.0, eval_tokens=8).init == DEFAULT_INIT
+
+
+def test_convert_without_init_reconstructs_and_records_it(checkpoint, tmp_path):
+    src = checkpoint("src", num_attention_heads=8, num_key_value_heads=4, hidden_size=64)
+    dst = tmp_path / "out"
+    args = ["convert", str(src), str(dst), "--quiet", "--calib-tokens", "2048", "--calib-seq-len", "64"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    record = json.loads((dst / "skipv1_conversion.json").read_text())
+    assert record["init"] == "reconstruct"
+    assert record["calibration"]["tokens"] == 2048
+    layers = record["calibration"]["layers"]["layers"]
+    assert set(layers) == {"1", "2"} and all("error_refit" in r for r in layers.values())
+    out = load_file(dst / "model.safetensors")
+    assert out["model.layers.1.self_attn.v_proj.weight"].shape == (2 * 8, 64)
+    model = AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True)
+    assert model.config.skip_v_heads == 2
