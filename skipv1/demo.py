@@ -47,8 +47,12 @@ class DemoSettings:
 
 
 def run_demo(settings: DemoSettings) -> dict:
+    check_settings(settings)
     out = settings.out
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise SkipV1Error(f"--out {out} cannot be created ({err.strerror}): choose another --out")
     _check_same_settings(settings)
     report_file = out / "report.json"
     timings = json.loads(report_file.read_text())["timings_s"] if report_file.is_file() else {}
@@ -72,6 +76,32 @@ def run_demo(settings: DemoSettings) -> dict:
         _eval(settings, evals["uptrained"], paths["uptrained"], *_ppl_args(settings))
     loaded = {name: json.loads(path.read_text()) for name, path in evals.items()}
     return _report(settings, paths, loaded, timings)
+
+
+def check_settings(s: DemoSettings) -> None:
+    """Every option checked before anything is written (SmolLM2 has 3 KV heads)."""
+    import math
+
+    from .convert.init_registry import INITS
+
+    if s.out.exists() and not s.out.is_dir():
+        raise SkipV1Error(f"--out {s.out} is a file: give a directory")
+    if s.nproc < 1:
+        raise SkipV1Error(f"--nproc {s.nproc} must be at least 1")
+    if not 1 <= s.skip_heads <= 2:
+        raise SkipV1Error(f"--skip-heads {s.skip_heads}: SmolLM2 has 3 KV heads, choose 1 or 2")
+    if s.seq_len < 8:
+        raise SkipV1Error(f"--seq-len {s.seq_len} must be at least 8")
+    if s.tokens < 8 * s.seq_len:
+        raise SkipV1Error(
+            f"--tokens {s.tokens} is less than one step of 8 x --seq-len = {8 * s.seq_len}: raise it"
+        )
+    if not (math.isfinite(s.lr) and s.lr > 0):
+        raise SkipV1Error(f"--lr {s.lr} must be a positive number")
+    if s.eval_tokens < 2:
+        raise SkipV1Error(f"--eval-tokens {s.eval_tokens} must be at least 2")
+    if s.init not in INITS:
+        raise SkipV1Error(f"--init {s.init} is unknown: choose one of {', '.join(INITS)}")
 
 
 def _check_same_settings(settings: DemoSettings) -> None:

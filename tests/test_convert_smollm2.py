@@ -19,7 +19,7 @@ runner = CliRunner()
 def smollm2_converted(smollm2_dir, tmp_path_factory) -> Path:
     dst = tmp_path_factory.mktemp("smollm2-skipv1") / "mean-s1"
     result = runner.invoke(
-        app, ["convert", str(smollm2_dir), str(dst), "--skip-heads", "1", "--quiet"]
+        app, ["convert", str(smollm2_dir), str(dst), "--skip-heads", "1", "--init", "mean", "--quiet"]
     )
     assert result.exit_code == 0, result.output
     return dst
@@ -94,7 +94,17 @@ def test_smollm2_gguf_converts_directly_like_its_hf_export(smollm2_converted, tm
     dst = tmp_path / "from-gguf"
     result = runner.invoke(
         app,
-        ["convert", str(smollm2_gguf_path()), str(dst), "--skip-heads", "1", "--quiet", "--json"],
+        [
+            "convert",
+            str(smollm2_gguf_path()),
+            str(dst),
+            "--skip-heads",
+            "1",
+            "--init",
+            "mean",
+            "--quiet",
+            "--json",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["source_format"] == "gguf"

@@ -51,6 +51,27 @@ def test_rerun_with_other_settings_is_refused(tmp_path):
     first = settings(tmp_path)
     record = {k: v for k, v in first.__dict__.items() if k not in ("out", "quiet")}
     (out / "settings.json").write_text(json.dumps(record))
-    result = CliRunner().invoke(app, ["demo", "--out", str(out), "--tokens", "999"])
+    result = CliRunner().invoke(app, ["demo", "--out", str(out), "--tokens", "4096"])
     assert result.exit_code == 2
     assert "holds a demo run with other settings" in result.stderr
+
+
+def test_bad_options_are_refused_before_anything_is_written(tmp_path):
+    runner = CliRunner()
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    cases = [
+        (["--nproc", "0"], "--nproc 0 must be at least 1"),
+        (["--skip-heads", "3"], "SmolLM2 has 3 KV heads"),
+        (["--tokens", "10"], "less than one step"),
+        (["--lr", "nan"], "--lr nan must be a positive number"),
+        (["--init", "nope"], "--init nope is unknown"),
+    ]
+    for args, message in cases:
+        out = tmp_path / "demo-out"
+        result = runner.invoke(app, ["demo", "--out", str(out), *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert not out.exists(), args
+    result = runner.invoke(app, ["demo", "--out", str(a_file)])
+    assert result.exit_code == 2 and "is a file" in result.stderr

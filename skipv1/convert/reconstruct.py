@@ -49,7 +49,7 @@ class ReconstructSettings:
     steps: int = 0  # Adam steps of the per-layer refinement (0: closed form only)
     lr: float = 1e-4
     batch_size: int = 8
-    layer0_search_tokens: int = 8192  # prefix of the calibration text used to pick layer 0's order
+    mlp: str = "keep"  # "refit": down_proj refitted to the source layer's output
 
 
 @dataclass
@@ -193,6 +193,9 @@ def _store(result: Reconstruction, i: int, block: _Layer, config) -> None:
     for key, tensor in block.params().items():
         if tensor is not None:
             result.tensors[prefix + names[key]] = tensor.detach().float().cpu().contiguous()
+    if getattr(block, "down", None) is not None:
+        name = f"model.layers.{i}.mlp.down_proj.weight"
+        result.tensors[name] = block.down.detach().float().cpu().contiguous()
 
 
 @torch.no_grad()
@@ -232,10 +235,26 @@ def _fit_layer(layer, h_src, h_stu, v0, cos, sin, config, skip_heads, settings, 
         with torch.enable_grad():
             record["error_refined"] = _refine(block, h_stu, cos, sin, borrowed, target, settings)
     # 5. advance the converted stream with the fitted layer.
-    next_stu = []
-    for sl in _batches(n, bs):
-        next_stu.append(block.finish(h_stu[sl], block.attention(h_stu[sl], cos, sin, borrowed[sl])))
-    return torch.cat(next_src), torch.cat(next_stu), record, block
+    mid = torch.cat(
+        [h_stu[sl] + block.attention(h_stu[sl], cos, sin, borrowed[sl]) for sl in _batches(n, bs)]
+    )
+    next_src = torch.cat(next_src)
+    if settings.mlp == "refit":
+        # down_proj refitted so that the layer's output matches the source's: corrects drift.
+        mlp = layer.mlp
+
+        def pairs():
+            for sl in _batches(n, bs):
+                t = next_src[sl] - mid[sl]
+                yield sl.start, _mlp_input(layer, mid[sl]), t if mlp.down_proj.bias is None else t - mlp.down_proj.bias
+
+        down, record["mlp_ridge"] = _ridge_fit(pairs(), mlp.down_proj.weight.detach())
+        block.down = down
+        mlp.down_proj.weight.data = down
+    next_stu = torch.cat([mid[sl] + layer.mlp(layer.post_attention_layernorm(mid[sl])) for sl in _batches(n, bs)])
+    out_err = float((next_stu - next_src).double().pow(2).sum() / (next_src - h_src).double().pow(2).sum())
+    record["error_layer_out"] = out_err
+    return next_src, next_stu, record, block
 
 
 def _probs_and_mix(attn, layer, hidden, cos, sin, group):
@@ -262,31 +281,52 @@ def _relative_error(block, hidden, cos, sin, borrowed, target, bs) -> float:
 
 
 def _refit_o_proj(block, hidden, cos, sin, borrowed, target, bs):
-    """o_proj = argmin |Z W^T + b - T|^2 + ridge |W - W_src|^2, ridge by two-fold CV."""
-    hd = block.wo.shape[1]
-    zz = torch.zeros(2, hd, hd, dtype=torch.float64, device=hidden.device)
-    zt = torch.zeros(2, hd, block.wo.shape[0], dtype=torch.float64, device=hidden.device)
-    tt = torch.zeros(2, dtype=torch.float64, device=hidden.device)
-    for sl in _batches(hidden.shape[0], bs):
-        z = block.mixed(hidden[sl], cos, sin, borrowed[sl]).double()
-        t = target[sl].double()
-        if block.bo is not None:
-            t = t - block.bo.double()
+    """o_proj = argmin |Z W^T + b - T|^2 + ridge |W - W_src|^2 over the attention mix Z."""
+
+    def pairs():
+        for sl in _batches(hidden.shape[0], bs):
+            z = block.mixed(hidden[sl], cos, sin, borrowed[sl])
+            t = target[sl] if block.bo is None else target[sl] - block.bo
+            yield sl.start, z, t
+
+    return _ridge_fit(pairs(), block.wo)
+
+
+def _mlp_input(layer, hidden):
+    """The activations the MLP's down_proj reads: act(gate(x)) * up(x)."""
+    mlp = layer.mlp
+    x = layer.post_attention_layernorm(hidden)
+    return mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)
+
+
+def _ridge_fit(pairs, prior: torch.Tensor):
+    """W (out, in) = argmin sum |Z W^T - T|^2 + ridge |W - prior|^2 from batches (start, Z, T) of
+    sequences; the ridge strength (relative to the mean Gram diagonal) is chosen by two-fold
+    cross-validation over alternate sequences. Returns (W, strength)."""
+    n_in, n_out = prior.shape[1], prior.shape[0]
+    device = prior.device
+    zz = torch.zeros(2, n_in, n_in, dtype=torch.float64, device=device)
+    zt = torch.zeros(2, n_in, n_out, dtype=torch.float64, device=device)
+    tt = torch.zeros(2, dtype=torch.float64, device=device)
+    for start, z, t in pairs:
         for fold in (0, 1):
-            rows = [r for r in range(z.shape[0]) if (sl.start + r) % 2 == fold]
+            rows = [r for r in range(z.shape[0]) if (start + r) % 2 == fold]
             if not rows:
                 continue
-            zf, tf = z[rows].flatten(0, 1), t[rows].flatten(0, 1)
+            zf, tf = z[rows].flatten(0, 1).double(), t[rows].flatten(0, 1).double()
             zz[fold] += zf.T @ zf
             zt[fold] += zf.T @ tf
             tt[fold] += tf.pow(2).sum()
     zz, zt, tt = zz.cpu(), zt.cpu(), tt.cpu()
-    prior = block.wo.detach().double().cpu().T  # shrink towards the source's o_proj
+    prior_t = prior.detach().double().cpu().T
+    eye = torch.eye(n_in, dtype=torch.float64)
+
     def solve(a, b, lam):
-        eye = torch.eye(hd, dtype=torch.float64)
-        return torch.linalg.solve(a + lam * eye, b + lam * prior)
+        return torch.linalg.solve(a + lam * eye, b + lam * prior_t)
+
     def error(w, a, b, c):
         return float((w * (a @ w)).sum() - 2 * (w * b).sum() + c)
+
     best = None
     if tt[1] > 0:
         for strength in RIDGE_GRID:
@@ -298,8 +338,9 @@ def _refit_o_proj(block, hidden, cos, sin, borrowed, target, bs):
                 best = (err, strength)
     strength = best[1] if best else RIDGE_GRID[0]
     a, b = zz.sum(0), zt.sum(0)
+    # The absolute ridge that won on one fold, i.e. about half the strength relative to both.
     w = solve(a, b, strength * float(a.diagonal().mean()) / 2)
-    return w.T.float().to(block.wo.device), strength
+    return w.T.to(prior.dtype).to(device), strength
 
 
 def _refine(block, hidden, cos, sin, borrowed, target, settings) -> float:

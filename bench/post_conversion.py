@@ -1,0 +1,146 @@
+"""Benchmark: perplexity of SmolLM2-135M-Instruct right after conversion (no training), per init.
+
+Each conversion is the real `skipv1 convert` command (a subprocess, timed end to end); each
+evaluation is `skipv1 eval` on two held-out texts:
+- `kjv`: the King James Bible (read by path from --corpus-dir), a domain that none of the
+  calibration text comes from;
+- `embedded:validation`: CPython documentation prose, the same domain as the calibration text
+  (`embedded:train`, disjoint documents).
+Writes docs/results/post_conversion_smollm2.{md,json}. Run from the repository root on an idle
+machine (about 40 minutes on 2 CPU cores):
+
+    nice -n 5 .venv/bin/python bench/post_conversion.py [--work DIR] [--only NAME ...]
+"""
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# (row name, convert arguments); calibration text is convert's default (embedded:train).
+CONVERSIONS = {
+    "keep": ["--init", "keep"],
+    "mean": ["--init", "mean"],
+    "calibrated": ["--init", "calibrated"],
+    "reconstruct-4k": ["--init", "reconstruct", "--calib-tokens", "4096"],
+    "reconstruct-8k": ["--init", "reconstruct", "--calib-tokens", "8192"],
+    "reconstruct-16k": ["--init", "reconstruct", "--calib-tokens", "16384"],
+    "reconstruct": [],  # the default: no --init, default calibration size
+}
+EVAL_TOKENS = 16384
+CTX = 512
+
+
+def run(cmd: list, log: Path) -> float:
+    cmd = [str(c) for c in cmd]
+    print("$", shlex.join(cmd), flush=True)
+    start = time.perf_counter()
+    with log.open("a") as f:
+        f.write("$ " + shlex.join(cmd) + "\n")
+        f.flush()
+        result = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if result.returncode:
+        sys.exit(f"failed (exit {result.returncode}): {shlex.join(cmd)}; see {log}")
+    return time.perf_counter() - start
+
+
+def skipv1(*args) -> list:
+    return [sys.executable, "-m", "skipv1", *args]
+
+
+def source_dir(work: Path) -> Path:
+    src = work / "source"
+    if not (src / "config.json").is_file():
+        from skipv1.smollm2 import export_gguf_as_hf, smollm2_gguf_path
+
+        export_gguf_as_hf(smollm2_gguf_path(), src)
+    return src
+
+
+def evaluate(models: list[Path], data: str, out: Path, log: Path) -> dict:
+    if not out.is_file():
+        run(
+            skipv1(
+                "eval", *models, "--data", data, "--ctx", CTX, "--max-tokens", EVAL_TOKENS,
+                "--no-speed", "--json", out,
+            ),
+            log,
+        )
+    return {Path(m["path"]).name: m for m in json.loads(out.read_text())["models"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/skipv1-post-conversion"))
+    parser.add_argument("--corpus-dir", type=Path, default=ROOT.parent / "shared/data/corpus")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs/results")
+    parser.add_argument("--only", nargs="*", default=list(CONVERSIONS))
+    args = parser.parse_args()
+    kjv = args.corpus_dir / "kjv.txt"
+    if not kjv.is_file():
+        sys.exit(f"{kjv} not found: pass --corpus-dir with kjv.txt")
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "log.txt"
+    src = source_dir(work)
+    timings_file = work / "convert_seconds.json"
+    timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
+    for name in args.only:
+        dst = work / name
+        if not (dst / "config.json").is_file():
+            cmd = skipv1("convert", src, dst, "--skip-heads", 1, "--quiet", *CONVERSIONS[name])
+            timings[name] = round(run(cmd, log), 1)
+            timings_file.write_text(json.dumps(timings, indent=2))
+    models = [src] + [work / name for name in args.only]
+    results = {
+        "kjv": evaluate(models, str(kjv), work / "eval-kjv.json", log),
+        "embedded:validation": evaluate(
+            models, "embedded:validation", work / "eval-pydoc.json", log
+        ),
+    }
+    write_report(args, src, timings, results)
+
+
+def write_report(args, src: Path, timings: dict, results: dict) -> None:
+    rows = []
+    for name in ["source", *args.only]:
+        key = "source" if name == "source" else name
+        row = {"model": name, "convert_seconds": timings.get(name)}
+        for domain, models in results.items():
+            row[domain] = models[key]["perplexity"]
+            row["kv_bytes_per_token"] = models[key]["kv_bytes_per_token"]
+        rows.append(row)
+    base = rows[0]
+    record = {
+        "command": "nice -n 5 .venv/bin/python bench/post_conversion.py",
+        "eval_tokens": EVAL_TOKENS,
+        "ctx": CTX,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "post_conversion_smollm2.json").write_text(json.dumps(record, indent=2) + "\n")
+    lines = [
+        "| model | convert time (s) | KJV ppl (other domain) | vs source | CPython docs ppl (calibration domain) | vs source | KV bytes/token (fp32) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        t = "-" if row["convert_seconds"] is None else f"{row['convert_seconds']:.0f}"
+        kjv, doc = row["kjv"], row["embedded:validation"]
+        lines.append(
+            f"| {row['model']} | {t} | {kjv:,.2f} | {kjv / base['kjv'] - 1:+.1%} | {doc:,.2f} | "
+            f"{doc / base['embedded:validation'] - 1:+.1%} | {row['kv_bytes_per_token']:,} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    (args.out / "post_conversion_smollm2.table.md").write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
