@@ -67,8 +67,17 @@ def evaluate(models: list[Path], data: str, out: Path, log: Path) -> dict:
     if not out.is_file():
         run(
             skipv1(
-                "eval", *models, "--data", data, "--ctx", CTX, "--max-tokens", EVAL_TOKENS,
-                "--no-speed", "--json", out,
+                "eval",
+                *models,
+                "--data",
+                data,
+                "--ctx",
+                CTX,
+                "--max-tokens",
+                EVAL_TOKENS,
+                "--no-speed",
+                "--json",
+                out,
             ),
             log,
         )

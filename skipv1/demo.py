@@ -52,7 +52,9 @@ def run_demo(settings: DemoSettings) -> dict:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise SkipV1Error(f"--out {out} cannot be created ({err.strerror}): choose another --out")
+        raise SkipV1Error(
+            f"--out {out} cannot be created ({err.strerror}): choose another --out"
+        ) from None
     _check_same_settings(settings)
     report_file = out / "report.json"
     timings = json.loads(report_file.read_text())["timings_s"] if report_file.is_file() else {}
@@ -242,9 +244,7 @@ def demo_recipe(settings: DemoSettings, converted: Path, teacher: Path) -> dict:
 def _uptrain(settings: DemoSettings, paths: dict) -> None:
     recipe_file = settings.out / "uptrain.yaml"
     recipe_file.write_text(
-        yaml.safe_dump(
-            demo_recipe(settings, paths["converted"], paths["source"]), sort_keys=False
-        )
+        yaml.safe_dump(demo_recipe(settings, paths["converted"], paths["source"]), sort_keys=False)
     )
     _skipv1(settings, "uptrain", recipe_file, "--run-dir", paths["run"], "--nproc", settings.nproc)
     if not _complete(paths["uptrained"]):

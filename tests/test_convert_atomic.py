@@ -34,7 +34,7 @@ def test_stale_workspace_of_a_dead_process_is_removed(checkpoint, tmp_path):
     (stale / "out" / "model.safetensors").write_bytes(b"half")
     alive = tmp_path / f".dst.skipv1-tmp-{os.getppid()}"
     alive.mkdir()
-    result = runner.invoke(app, ["convert", str(src), str(dst), "--quiet"])
+    result = runner.invoke(app, ["convert", str(src), str(dst), "--quiet", "--init", "mean"])
     assert result.exit_code == 0, result.output
     assert not stale.exists() and alive.exists()
     assert (dst / "model.safetensors").exists()
@@ -47,7 +47,7 @@ def test_error_while_writing_removes_everything(checkpoint, tmp_path, monkeypatc
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(writer, "save_file", full_disk)
-    result = runner.invoke(app, ["convert", str(src), str(dst), "--quiet"])
+    result = runner.invoke(app, ["convert", str(src), str(dst), "--quiet", "--init", "mean"])
     assert result.exit_code == 1 and isinstance(result.exception, OSError)
     assert not dst.exists() and leftovers(dst) == []
 
@@ -61,7 +61,17 @@ def test_signal_mid_conversion_leaves_nothing(tmp_path, sig, code):
     )  # fmt: skip
     dst = tmp_path / "dst"
     proc = subprocess.Popen(
-        [SKIPV1, "convert", str(src), str(dst), "--quiet", "--shard-size", "20MB"],
+        [
+            SKIPV1,
+            "convert",
+            str(src),
+            str(dst),
+            "--quiet",
+            "--init",
+            "mean",
+            "--shard-size",
+            "20MB",
+        ],
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -64,8 +64,27 @@ def test_keep_init_keeps_the_first_heads():
     assert torch.equal(init_keep(torch.arange(12.0), 4, 3), torch.arange(3.0))
 
 
+def test_reconstruct_plan_rewrites_attention_and_down_proj_of_later_layers_only():
+    plan = make_plan(llama_config(), skip_heads=1)  # the default init
+    assert plan.init == "reconstruct"
+    rewritten = {t.name for t in plan.changed()}
+    expected = {
+        f"model.layers.{i}.{name}.weight"
+        for i in (1, 2)
+        for name in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.down_proj",
+        )
+    }
+    assert rewritten == expected
+    assert plan.tasks["model.layers.1.self_attn.v_proj.weight"].target_shape == (48, 64)
+
+
 def test_plan_rewrites_only_v_proj_of_later_layers():
-    plan = make_plan(llama_config(), skip_heads=1)
+    plan = make_plan(llama_config(), skip_heads=1, init="mean")
     rewritten = {t.name: t.target_shape for t in plan.changed()}
     assert rewritten == {
         "model.layers.1.self_attn.v_proj.weight": (48, 64),

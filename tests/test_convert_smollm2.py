@@ -19,7 +19,8 @@ runner = CliRunner()
 def smollm2_converted(smollm2_dir, tmp_path_factory) -> Path:
     dst = tmp_path_factory.mktemp("smollm2-skipv1") / "mean-s1"
     result = runner.invoke(
-        app, ["convert", str(smollm2_dir), str(dst), "--skip-heads", "1", "--init", "mean", "--quiet"]
+        app,
+        ["convert", str(smollm2_dir), str(dst), "--skip-heads", "1", "--init", "mean", "--quiet"],
     )
     assert result.exit_code == 0, result.output
     return dst

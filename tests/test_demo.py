@@ -30,7 +30,9 @@ def test_demo_recipe_passes_the_uptrain_schema(tmp_path):
         teacher = tmp_path / "teacher"
         teacher.mkdir(exist_ok=True)
         (teacher / "config.json").write_text("{}")
-        path.write_text(yaml.safe_dump(demo_recipe(settings(tmp_path, nproc=nproc), tmp_path, teacher)))
+        path.write_text(
+            yaml.safe_dump(demo_recipe(settings(tmp_path, nproc=nproc), tmp_path, teacher))
+        )
         recipe = load_recipe(path)
         assert recipe.budget.tokens == 16384
         assert recipe.distill.teacher == str(teacher)

@@ -17,10 +17,19 @@ SKIPV1 = str(Path(sys.executable).parent / "skipv1")
 def test_tiny_cpu_recipe_runs_as_written(tmp_path):
     run = tmp_path / "run"
     cmd = [
-        SKIPV1, "uptrain", str(ROOT / "recipes/tiny-cpu.yaml"), "--run-dir", str(run),
-        "--nproc", "1", "--quiet",
+        SKIPV1,
+        "uptrain",
+        str(ROOT / "recipes/tiny-cpu.yaml"),
+        "--run-dir",
+        str(run),
+        "--nproc",
+        "1",
+        "--quiet",
         # sizes only: one optimizer step, a small calibration set, a short eval
-        "budget.tokens=2048", "model.calib_tokens=1024", "eval.every=1", "eval.blocks=2",
+        "budget.tokens=2048",
+        "model.calib_tokens=1024",
+        "eval.every=1",
+        "eval.blocks=2",
         "checkpoint.every=1",
     ]
     env = dict(os.environ, PYTHONWARNINGS="ignore")

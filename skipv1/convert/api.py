@@ -234,6 +234,12 @@ def prepare(root: Path, dst: Path, options: dict) -> Prepared:
     layout = shard_layout(sizes, options["max_shard_bytes"])
     out_config, changes = skipv1_config(config, plan, options["dtype"] if forced else None)
     companions = companion_files(root)
+    if plan.init in CALIBRATED_INITS and plan.skip_heads and not companions["tokenizer"]:
+        raise SkipV1Error(
+            f"--init {plan.init} needs the source's tokenizer for its calibration text and "
+            f"{root} has no tokenizer files: add them, or pass --init keep (no calibration, "
+            "much worse quality)"
+        )
     prepared = Prepared(
         root,
         config,

@@ -89,7 +89,7 @@ class Calibration:
 
 
 def _take_heads(tensor: torch.Tensor, heads: list[int], d: int, dim: int) -> torch.Tensor:
-    index = torch.tensor([h * d + i for h in heads for i in range(d)])
+    index = torch.tensor([h * d + i for h in heads for i in range(d)], dtype=torch.long)
     return tensor.index_select(dim, index).contiguous()
 
 
@@ -351,7 +351,7 @@ def calibrate_source(prepared, options: dict, quiet: bool):
 
     config = source_config(prepared.out_config)
     ids = calibration_token_blocks(
-        _tokenizer(prepared.root),
+        _tokenizer(prepared.root, prepared.plan.init),
         iter_texts(options["calib_data"]),
         options["calib_tokens"],
         options["calib_seq_len"],
@@ -387,15 +387,16 @@ def source_config(out_config: dict) -> SkipV1LlamaConfig:
     return SkipV1LlamaConfig(**{**fields, "skip_v_heads": 0})
 
 
-def _tokenizer(root):
+def _tokenizer(root, init: str):
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(root)
     except (OSError, ValueError) as err:
         raise SkipV1Error(
-            f"--init calibrated needs the source's tokenizer, which failed to load from {root} "
-            f"({str(err).splitlines()[0]}): add the tokenizer files or use --init mean/keep"
+            f"--init {init} needs the source's tokenizer for its calibration text, which failed "
+            f"to load from {root} ({str(err).splitlines()[0]}): add the tokenizer files, or "
+            "pass --init keep (no calibration, much worse quality)"
         ) from None
 
 

@@ -9,7 +9,6 @@ import torch
 from .init_registry import INITS
 
 
-
 def value_head_groups(num_kv_heads: int, skip_heads: int) -> tuple[tuple[int, ...], ...]:
     """Source heads 0..n_kv-1 split into n_kv - s contiguous groups as evenly as possible,
     larger groups first: (32, 16) -> (0,1),(2,3),...; (3, 1) -> (0,1),(2)."""

@@ -11,7 +11,7 @@ class InitSpec:
 
     name: str
     calibrated: bool  # fitted on calibration text: needs its options and the tokenizer
-    layers: str  # attention tensors it may rewrite: "later" (layers >= 1) or "all" (layer 0 too)
+    refits_mlp: bool  # also rewrites mlp.down_proj of layers >= 1
     rule: str  # how the own value heads are made, for the model card
 
 
@@ -21,20 +21,20 @@ INIT_SPECS = {
         InitSpec(
             "reconstruct",
             True,
-            "all",
-            "the source heads chosen per layer on calibration text, with the whole o_proj refitted "
-            "layer by layer so the converted model's attention outputs match the source's "
-            "(layer 0's heads may be reordered, which leaves its function unchanged)",
+            True,
+            "the source heads chosen per layer on calibration text; o_proj and mlp.down_proj "
+            "of every later layer are refitted layer by layer so that the converted model's "
+            "hidden states follow the source's",
         ),
         InitSpec(
             "calibrated",
             True,
-            "later",
+            False,
             "the source heads chosen per layer on calibration text (the others read layer 0, "
             "with their o_proj columns refitted by least squares)",
         ),
-        InitSpec("keep", False, "later", "source value heads 0..{own_last}"),
-        InitSpec("mean", False, "later", "the mean of source value heads in groups {groups}"),
+        InitSpec("keep", False, False, "source value heads 0..{own_last}"),
+        InitSpec("mean", False, False, "the mean of source value heads in groups {groups}"),
     )
 }
 INITS = tuple(INIT_SPECS)

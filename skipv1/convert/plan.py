@@ -12,7 +12,7 @@ from .init_registry import CALIBRATED_INITS, DEFAULT_INIT, INIT_SPECS, INITS
 
 COPY = "copy"
 REWRITE_V = "rewrite_v"
-# Calibrated inits: q/k/o of attention are permuted by head and refitted (layer 0 permuted only).
+# Calibrated inits: q/k/o of later layers are permuted by head and refitted (see init_registry).
 CALIBRATE = "calibrate"
 # Buffers some old checkpoints saved; the model recomputes them.
 DROPPABLE_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -165,20 +165,23 @@ def make_plan(
         if projection == "v_proj":
             target = ((n_kv - s) * source.head_dim, *shape[1:])
             tasks[name] = TensorTask(name, REWRITE_V, shape, target)
-        elif s and _rewrites_attention(init, name):
+        elif s and _rewritten_by_init(init, name):
             tasks[name] = TensorTask(name, CALIBRATE, shape, shape)
         else:
             tasks[name] = TensorTask(name, COPY, shape, shape)
     return ConversionPlan(source, s, init, tasks)
 
 
-def _rewrites_attention(init: str, name: str) -> bool:
+def _rewritten_by_init(init: str, name: str) -> bool:
+    """q/k/o of later layers for calibrated inits; their mlp.down_proj for those that refit it."""
     spec = INIT_SPECS[init]
     if not spec.calibrated:
         return False
-    if spec.layers == "all":
-        return attention_projection(name) is not None
-    return later_attention_projection(name) is not None
+    if later_attention_projection(name):
+        return True
+    parts = name.split(".")
+    later = len(parts) > 3 and parts[2].isdigit() and int(parts[2]) >= 1
+    return spec.refits_mlp and later and name.endswith(".mlp.down_proj.weight")
 
 
 def shard_layout(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:

@@ -1,322 +1,278 @@
-"""`--init reconstruct` (the default): layer-by-layer reconstruction of the source's attention.
+"""`--init reconstruct` (the default): layer-by-layer reconstruction of the source's hidden states.
 
 `calibrated` fits each layer on the *source's* activations and changes only the borrowed heads'
 o_proj columns. Here the pass carries two streams of hidden states through the layers, the
 source's and the converted model's (which drifts from the source as borrowed heads add error),
-and for every later layer:
+and for every later layer, on the converted stream:
 
 1. chooses which source KV heads give up their values (as `calibrated`: the smallest held-out
-   error, measured on the converted model's own activations) and permutes the layer so they sit
-   in the borrowed slots;
-2. refits the whole o_proj (every head's columns, not only the borrowed ones) by ridge least
-   squares, so that the converted layer's attention output on the converted stream matches the
-   source layer's on the source stream: the other heads absorb what the borrowed ones lose, and
-   the layer corrects part of the drift of the layers before it. The ridge is chosen by two-fold
-   cross-validation over alternate calibration sequences, as in `calibrated`;
-3. optionally refines q/k/v/o of that layer by a few Adam steps on the same objective (the
-   MLP and norms are never touched), keeping the best held-out fit.
+   error) and permutes the layer so they sit in the borrowed slots (q/k/v/o together);
+2. refits the whole o_proj (every head's columns) by ridge least squares so that the residual
+   stream after attention matches the source's: the kept heads absorb part of what the
+   borrowed ones lose, and the layer cancels part of the drift of the layers before it;
+3. refits the MLP's down_proj the same way, so that the layer's output matches the source
+   layer's output.
 
-Layer 0 is kept unchanged, except that its KV heads may be reordered (a free permutation): the
-pass first tries each choice of layer-0 heads for the borrowed slots on a short prefix of the
-calibration text and keeps the one with the smallest total error.
+Each ridge shrinks towards the source's weights, with a strength chosen by two-fold
+cross-validation over alternate calibration sequences, so small calibration sets do not
+overfit. Layer 0, every norm, q/k (up to the permutation), the kept value rows and the MLP's
+gate/up projections stay the source's. Memory: one layer's weights plus the two streams'
+hidden states of the calibration tokens (2 x tokens x hidden floats).
+
+Tried and dropped (docs/results/post_conversion_smollm2.md): choosing which layer-0 heads are
+borrowed (no measurable change on SmolLM2) and a per-layer Adam refinement of q/k/v/o (too slow
+on a CPU for the conversion's time budget).
 """
 
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import combinations
 
 import torch
+import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
-from .calibrate import (
-    RIDGE_GRID,
-    LoadTensors,
-    _GramStats,
-    _load_layer,
-    _ridge_solve,
-    _rotary,
-    _take_heads,
+from .calibrate import RIDGE_GRID, LoadTensors, _GramStats, _load_layer, _rotary, _take_heads
+
+METHOD = (
+    "two-stream layer-by-layer reconstruction: per layer, head choice on the converted "
+    "model's activations, then ridge refits of the whole o_proj and of mlp.down_proj to the "
+    "source's residual stream (ridge towards the source weights, strength by two-fold "
+    "cross-validation)"
 )
-
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-@dataclass
-class ReconstructSettings:
-    target: str = "attention"  # "attention": source attention output; "residual": + drift
-    steps: int = 0  # Adam steps of the per-layer refinement (0: closed form only)
-    lr: float = 1e-4
-    batch_size: int = 8
-    mlp: str = "keep"  # "refit": down_proj refitted to the source layer's output
 
 
 @dataclass
 class Reconstruction:
-    """New attention tensors per layer, applied to source tensors as the converter streams them."""
+    """New tensors per layer, applied to source tensors as the converter streams them."""
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     layers: dict[int, dict] = field(default_factory=dict)
-    layer0_order: list[int] = field(default_factory=list)
+    method: str = METHOD
 
     def transform(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         new = self.tensors.get(name)
         return tensor if new is None else new.to(tensor.dtype)
 
     def summary(self) -> dict:
-        return {
-            "layer0_order": self.layer0_order,
-            "layers": {str(i): record for i, record in sorted(self.layers.items())},
-        }
+        return {str(i): record for i, record in sorted(self.layers.items())}
 
 
-class _Layer:
-    """One decoder layer's attention written out, with its KV heads in a chosen order."""
+class _Attention:
+    """A decoder layer's attention with its KV heads in a chosen order; the first `own` value
+    heads are its own, the rest come from layer 0."""
 
-    def __init__(self, layer, order: list[int], own: int, group: int):
-        self.layer, self.attn = layer, layer.self_attn
-        self.d, self.own, self.group = self.attn.head_dim, own, group
-        self.order = order
-        query_order = [h * group + r for h in order for r in range(group)]
-        a = self.attn
-        self.wq = _take_heads(a.q_proj.weight.detach(), query_order, self.d, 0)
-        self.wk = _take_heads(a.k_proj.weight.detach(), order, self.d, 0)
-        self.wv = _take_heads(a.v_proj.weight.detach(), order[:own], self.d, 0)
-        self.wo = _take_heads(a.o_proj.weight.detach(), query_order, self.d, 1)
-        bias = lambda lin, heads: (  # noqa: E731
-            None if lin.bias is None else _take_heads(lin.bias.detach()[:, None], heads, self.d, 0)[:, 0]
-        )
-        self.bq, self.bk = bias(a.q_proj, query_order), bias(a.k_proj, order)
-        self.bv = bias(a.v_proj, order[:own])
-        self.bo = None if a.o_proj.bias is None else a.o_proj.bias.detach()
+    def __init__(self, layer, order: list[int], own: int):
+        attn = layer.self_attn
+        self.layer, self.d, self.scaling = layer, attn.head_dim, attn.scaling
+        self.group = attn.num_key_value_groups
+        queries = [h * self.group + r for h in order for r in range(self.group)]
+        self.q = _permuted(attn.q_proj, queries, self.d)
+        self.k = _permuted(attn.k_proj, order, self.d)
+        self.v = _permuted(attn.v_proj, order[:own], self.d)
+        self.o_weight = _take_heads(attn.o_proj.weight.detach(), queries, self.d, dim=1)
+        self.o_bias = None if attn.o_proj.bias is None else attn.o_proj.bias.detach()
 
-    def params(self) -> dict[str, torch.Tensor | None]:
-        return {"wq": self.wq, "wk": self.wk, "wv": self.wv, "wo": self.wo, "bq": self.bq,
-                "bk": self.bk, "bv": self.bv, "bo": self.bo}
-
-    def mixed(self, hidden, cos, sin, borrowed, p=None):
-        """(B, T, H*d) attention mix before o_proj; `borrowed` (B, s, T, d) from layer 0."""
-        p = p or self.params()
+    def mixed(self, hidden, cos, sin, borrowed=None):
+        """(B, T, H*d): the attention mix o_proj reads; `borrowed` (B, s, T, d) from layer 0."""
         b, t, _ = hidden.shape
         x = self.layer.input_layernorm(hidden)
-        shape = (b, t, -1, self.d)
-        lin = torch.nn.functional.linear
-        q = lin(x, p["wq"], p["bq"]).view(shape).transpose(1, 2)
-        k = lin(x, p["wk"], p["bk"]).view(shape).transpose(1, 2)
-        v = lin(x, p["wv"], p["bv"]).view(shape).transpose(1, 2)
-        if borrowed is not None and borrowed.shape[1]:
+        q, k, v = (F.linear(x, *p).view(b, t, -1, self.d).transpose(1, 2) for p in self.qkv)
+        if borrowed is not None:
             v = torch.cat([v, borrowed], dim=1)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q, repeat_kv(k, self.group), repeat_kv(v, self.group), is_causal=True,
-            scale=self.attn.scaling,
-        )
+        k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
         return out.transpose(1, 2).reshape(b, t, -1)
 
-    def attention(self, hidden, cos, sin, borrowed, p=None):
-        p = p or self.params()
-        return torch.nn.functional.linear(self.mixed(hidden, cos, sin, borrowed, p), p["wo"], p["bo"])
+    @property
+    def qkv(self):
+        return self.q, self.k, self.v
 
-    def finish(self, hidden, attn_out):
-        hidden = hidden + attn_out
-        return hidden + self.layer.mlp(self.layer.post_attention_layernorm(hidden))
+    def __call__(self, hidden, cos, sin, borrowed=None):
+        return F.linear(self.mixed(hidden, cos, sin, borrowed), self.o_weight, self.o_bias)
 
 
-def _batches(n: int, size: int):
+def _permuted(linear, heads: list[int], d: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = _take_heads(linear.weight.detach(), heads, d, dim=0)
+    bias = None if linear.bias is None else _take_heads(linear.bias.detach(), heads, d, dim=0)
+    return weight, bias
+
+
+def _mlp(layer, hidden):
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+def _down_input(layer, hidden):
+    """What the MLP's down_proj reads: act(gate(x)) * up(x)."""
+    x = layer.post_attention_layernorm(hidden)
+    return layer.mlp.act_fn(layer.mlp.gate_proj(x)) * layer.mlp.up_proj(x)
+
+
+def _batches(n: int, size: int) -> list[slice]:
     return [slice(s, min(s + size, n)) for s in range(0, n, size)]
 
 
 @torch.no_grad()
-def _source_layer0(layer, hidden, cos, sin, batch_size, kv):
-    """Layer 0 of the source: its outputs and its values (all heads)."""
-    block = _Layer(layer, list(range(kv)), kv, layer.self_attn.num_key_value_groups)
-    outs, values = [], []
-    for sl in _batches(hidden.shape[0], batch_size):
-        h = hidden[sl]
-        x = layer.input_layernorm(h)
-        v = torch.nn.functional.linear(x, block.wv, block.bv)
-        values.append(v.view(*h.shape[:2], kv, -1).transpose(1, 2))
-        outs.append(block.finish(h, block.attention(h, cos, sin, None)))
-    return torch.cat(outs), torch.cat(values)
-
-
 def reconstruct(
     config: SkipV1LlamaConfig,
     load: LoadTensors,
     input_ids: torch.Tensor,
     skip_heads: int,
-    settings: ReconstructSettings | None = None,
+    batch_size: int = 8,
     on_layer: Callable[[int], None] | None = None,
     device: "str | torch.device" = "cpu",
-    layer0_order: list[int] | None = None,
 ) -> Reconstruction:
-    settings = settings or ReconstructSettings()
-    kv, d = config.num_key_value_heads, config.head_dim
-    group = config.num_attention_heads // kv
-    own = kv - skip_heads
+    """Fits every later layer; `config` describes the source (its skip_v_heads must be 0)."""
     result = Reconstruction()
+    own = config.num_key_value_heads - skip_heads
     embed = load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
     hidden = embed.float()[input_ids].to(device)
     positions = torch.arange(input_ids.shape[1], device=device).unsqueeze(0)
     cos, sin = _rotary(config).to(device)(hidden[:1], positions)
-
+    batches = _batches(hidden.shape[0], batch_size)
+    # Layer 0 is unchanged: both streams leave it equal; its values are what later layers borrow.
     layer = _load_layer(config, load, 0).to(device)
-    h_src, v0_all = _source_layer0(layer, hidden, cos, sin, settings.batch_size, kv)
-    order0 = layer0_order or list(range(kv))
-    result.layer0_order = order0
-    if order0 != list(range(kv)):
-        block = _Layer(layer, order0, kv, group)
-        _store(result, 0, block, config)
-    v0 = v0_all[:, order0]
-    h_stu = h_src
+    first = _Attention(layer, list(range(config.num_key_value_heads)), config.num_key_value_heads)
+    borrowed = torch.cat([_values(first, hidden[b])[:, own:] for b in batches])
+    source = torch.cat([_mlp(layer, hidden[b] + first(hidden[b], cos, sin)) for b in batches])
+    converted = source
     if on_layer:
         on_layer(0)
     for i in range(1, config.num_hidden_layers):
         layer = _load_layer(config, load, i).to(device)
-        h_src, h_stu, record, block = _fit_layer(
-            layer, h_src, h_stu, v0, cos, sin, config, skip_heads, settings, device
-        )
-        _store(result, i, block, config)
-        result.layers[i] = record
-        del layer
+        fit = _LayerFit(layer, config, skip_heads, cos, sin, batches)
+        source, converted, result.layers[i] = fit.run(source, converted, borrowed)
+        prefix = f"model.layers.{i}."
+        for name, tensor in fit.tensors().items():
+            result.tensors[prefix + name] = tensor.float().cpu().contiguous()
+        del layer, fit
         if on_layer:
             on_layer(i)
     return result
 
 
-def _store(result: Reconstruction, i: int, block: _Layer, config) -> None:
-    prefix = f"model.layers.{i}.self_attn."
-    names = {"wq": "q_proj.weight", "wk": "k_proj.weight", "wv": "v_proj.weight",
-             "wo": "o_proj.weight", "bq": "q_proj.bias", "bk": "k_proj.bias", "bv": "v_proj.bias",
-             "bo": "o_proj.bias"}
-    for key, tensor in block.params().items():
-        if tensor is not None:
-            result.tensors[prefix + names[key]] = tensor.detach().float().cpu().contiguous()
-    if getattr(block, "down", None) is not None:
-        name = f"model.layers.{i}.mlp.down_proj.weight"
-        result.tensors[name] = block.down.detach().float().cpu().contiguous()
-
-
-@torch.no_grad()
-def _fit_layer(layer, h_src, h_stu, v0, cos, sin, config, skip_heads, settings, device):
-    kv = config.num_key_value_heads
-    group = config.num_attention_heads // kv
-    own = kv - skip_heads
-    n, bs = h_src.shape[0], settings.batch_size
-    source = _Layer(layer, list(range(kv)), kv, group)
-    # 1. head choice on the converted stream (the calibrated init's held-out criterion).
-    stats = _GramStats(config, skip_heads, device)
-    attn = layer.self_attn
-    for sl in _batches(n, bs):
-        probs, mixed = _probs_and_mix(attn, layer, h_stu[sl], cos, sin, group)
-        stats.add(probs, mixed, v0[sl])
-        del probs
-    choice = stats.fit(attn.o_proj.weight.detach().cpu())
-    block = _Layer(layer, choice.order, own, group)
-    borrowed = v0[:, own:]
-    # 2. targets: the source layer's attention output on the source stream.
-    targets, next_src = [], []
-    for sl in _batches(n, bs):
-        t = source.attention(h_src[sl], cos, sin, None)
-        targets.append(t)
-        next_src.append(source.finish(h_src[sl], t))
-    target = torch.cat(targets)
-    if settings.target == "residual":
-        target = target + (h_src - h_stu)
-    # 3. joint ridge refit of o_proj with a cross-validated strength.
-    before = _relative_error(block, h_stu, cos, sin, borrowed, target, bs)
-    wo, ridge = _refit_o_proj(block, h_stu, cos, sin, borrowed, target, bs)
-    block.wo = wo.to(block.wo.dtype)
-    after = _relative_error(block, h_stu, cos, sin, borrowed, target, bs)
-    record = {"order": choice.order, "ridge": ridge, "error_before": before, "error_refit": after}
-    # 4. optional gradient refinement.
-    if settings.steps:
-        with torch.enable_grad():
-            record["error_refined"] = _refine(block, h_stu, cos, sin, borrowed, target, settings)
-    # 5. advance the converted stream with the fitted layer.
-    mid = torch.cat(
-        [h_stu[sl] + block.attention(h_stu[sl], cos, sin, borrowed[sl]) for sl in _batches(n, bs)]
-    )
-    next_src = torch.cat(next_src)
-    if settings.mlp == "refit":
-        # down_proj refitted so that the layer's output matches the source's: corrects drift.
-        mlp = layer.mlp
-
-        def pairs():
-            for sl in _batches(n, bs):
-                t = next_src[sl] - mid[sl]
-                yield sl.start, _mlp_input(layer, mid[sl]), t if mlp.down_proj.bias is None else t - mlp.down_proj.bias
-
-        down, record["mlp_ridge"] = _ridge_fit(pairs(), mlp.down_proj.weight.detach())
-        block.down = down
-        mlp.down_proj.weight.data = down
-    next_stu = torch.cat([mid[sl] + layer.mlp(layer.post_attention_layernorm(mid[sl])) for sl in _batches(n, bs)])
-    out_err = float((next_stu - next_src).double().pow(2).sum() / (next_src - h_src).double().pow(2).sum())
-    record["error_layer_out"] = out_err
-    return next_src, next_stu, record, block
-
-
-def _probs_and_mix(attn, layer, hidden, cos, sin, group):
+def _values(attn: _Attention, hidden: torch.Tensor) -> torch.Tensor:
     b, t, _ = hidden.shape
-    x = layer.input_layernorm(hidden)
-    shape = (b, t, -1, attn.head_dim)
-    q = attn.q_proj(x).view(shape).transpose(1, 2)
-    k = attn.k_proj(x).view(shape).transpose(1, 2)
-    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    x = attn.layer.input_layernorm(hidden)
+    return F.linear(x, *attn.v).view(b, t, -1, attn.d).transpose(1, 2)
+
+
+class _LayerFit:
+    """Steps 1-3 of the module docstring for one later layer."""
+
+    def __init__(self, layer, config, skip_heads, cos, sin, batches):
+        self.layer, self.config, self.skip_heads = layer, config, skip_heads
+        self.cos, self.sin, self.batches = cos, sin, batches
+        self.own = config.num_key_value_heads - skip_heads
+
+    def run(self, source, converted, borrowed):
+        kv = self.config.num_key_value_heads
+        src_attn = _Attention(self.layer, list(range(kv)), kv)
+        src_mid = self._map(lambda b: source[b] + src_attn(source[b], self.cos, self.sin))
+        src_out = self._map(lambda b: _mlp(self.layer, src_mid[b]))
+        order, choice_error = self._choose_heads(converted, borrowed)
+        self.attn = _Attention(self.layer, order, self.own)
+        mixed = lambda b: self.attn.mixed(converted[b], self.cos, self.sin, borrowed[b])  # noqa: E731
+        # o_proj: converted + attention ~ the source's stream after attention.
+        self.attn.o_weight, o_ridge = _ridge_fit(
+            self._pairs(mixed, lambda b: src_mid[b] - converted[b], self.attn.o_bias),
+            self.attn.o_weight,
+        )
+        mid = self._map(
+            lambda b: converted[b] + self.attn(converted[b], self.cos, self.sin, borrowed[b])
+        )
+        # down_proj: mid + MLP ~ the source layer's output.
+        down = self.layer.mlp.down_proj
+        down.weight.data, down_ridge = _ridge_fit(
+            self._pairs(
+                lambda b: _down_input(self.layer, mid[b]), lambda b: src_out[b] - mid[b], down.bias
+            ),
+            down.weight.detach(),
+        )
+        out = self._map(lambda b: _mlp(self.layer, mid[b]))
+        record = {
+            "order": order,
+            "error_head_choice": choice_error,
+            "ridge_o_proj": o_ridge,
+            "ridge_down_proj": down_ridge,
+            # |converted - source|^2 / |source layer's update|^2 at the layer's output
+            "error_out": _ratio(out - src_out, src_out - source),
+        }
+        return src_out, out, record
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        names = {"q_proj": self.attn.q, "k_proj": self.attn.k, "v_proj": self.attn.v}
+        out = {}
+        for proj, (weight, bias) in names.items():
+            out[f"self_attn.{proj}.weight"] = weight
+            if bias is not None:
+                out[f"self_attn.{proj}.bias"] = bias
+        out["self_attn.o_proj.weight"] = self.attn.o_weight
+        out["mlp.down_proj.weight"] = self.layer.mlp.down_proj.weight.detach()
+        return out
+
+    def _choose_heads(self, converted, borrowed) -> tuple[list[int], float]:
+        """The calibrated init's held-out head choice, on the converted stream."""
+        stats = _GramStats(self.config, self.skip_heads, converted.device)
+        attn = _Attention(self.layer, list(range(self.config.num_key_value_heads)), 0)
+        for b in self.batches:
+            probs, mixed = _probs_and_mix(attn, converted[b], self.cos, self.sin)
+            stats.add(probs, mixed, _pad_own_slots(borrowed[b], self.own))
+        fit = stats.fit(self.layer.self_attn.o_proj.weight.detach().cpu())
+        return fit.order, fit.error_fitted
+
+    def _map(self, fn) -> torch.Tensor:
+        return torch.cat([fn(b) for b in self.batches])
+
+    def _pairs(self, features, target, bias) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        for b in self.batches:
+            t = target(b)
+            yield b.start, features(b), t if bias is None else t - bias
+
+
+def _pad_own_slots(borrowed: torch.Tensor, own: int) -> torch.Tensor:
+    """Layer 0's values as `_GramStats` indexes them (by slot, all KV heads); it reads only the
+    borrowed slots, so the own ones are zeros."""
+    pad = borrowed.new_zeros(borrowed.shape[0], own, *borrowed.shape[2:])
+    return torch.cat([pad, borrowed], dim=1)
+
+
+def _probs_and_mix(attn: _Attention, hidden, cos, sin):
+    """Attention probabilities (B, H, T, T) and the source's mix (B, H, T, d), all heads own."""
+    b, t, _ = hidden.shape
+    x = attn.layer.input_layernorm(hidden)
+    q, k = (F.linear(x, *p).view(b, t, -1, attn.d).transpose(1, 2) for p in (attn.q, attn.k))
+    v = F.linear(x, attn.layer.self_attn.v_proj.weight, attn.layer.self_attn.v_proj.bias)
+    v = v.view(b, t, -1, attn.d).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    scores = q @ repeat_kv(k, group).transpose(2, 3) * attn.scaling
+    scores = q @ repeat_kv(k, attn.group).transpose(2, 3) * attn.scaling
     causal = torch.ones(t, t, dtype=torch.bool, device=hidden.device).triu(1)
     probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
-    return probs, probs @ repeat_kv(v, group)
+    return probs, probs @ repeat_kv(v, attn.group)
 
 
-def _relative_error(block, hidden, cos, sin, borrowed, target, bs) -> float:
-    num = den = 0.0
-    for sl in _batches(hidden.shape[0], bs):
-        out = block.attention(hidden[sl], cos, sin, borrowed[sl])
-        num += float((out - target[sl]).double().pow(2).sum())
-        den += float(target[sl].double().pow(2).sum())
-    return num / max(den, 1e-30)
+def _ratio(diff: torch.Tensor, ref: torch.Tensor) -> float:
+    return float(diff.double().pow(2).sum() / ref.double().pow(2).sum().clamp_min(1e-30))
 
 
-def _refit_o_proj(block, hidden, cos, sin, borrowed, target, bs):
-    """o_proj = argmin |Z W^T + b - T|^2 + ridge |W - W_src|^2 over the attention mix Z."""
-
-    def pairs():
-        for sl in _batches(hidden.shape[0], bs):
-            z = block.mixed(hidden[sl], cos, sin, borrowed[sl])
-            t = target[sl] if block.bo is None else target[sl] - block.bo
-            yield sl.start, z, t
-
-    return _ridge_fit(pairs(), block.wo)
-
-
-def _mlp_input(layer, hidden):
-    """The activations the MLP's down_proj reads: act(gate(x)) * up(x)."""
-    mlp = layer.mlp
-    x = layer.post_attention_layernorm(hidden)
-    return mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)
-
-
-def _ridge_fit(pairs, prior: torch.Tensor):
-    """W (out, in) = argmin sum |Z W^T - T|^2 + ridge |W - prior|^2 from batches (start, Z, T) of
-    sequences; the ridge strength (relative to the mean Gram diagonal) is chosen by two-fold
-    cross-validation over alternate sequences. Returns (W, strength)."""
+def _ridge_fit(pairs, prior: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """W (out, in) = argmin sum |Z W^T - T|^2 + ridge |W - prior|^2 from batches (start, Z, T)
+    of whole sequences; the ridge strength (relative to the mean Gram diagonal) is chosen by
+    two-fold cross-validation over alternate sequences. Returns (W, strength)."""
     n_in, n_out = prior.shape[1], prior.shape[0]
-    device = prior.device
-    zz = torch.zeros(2, n_in, n_in, dtype=torch.float64, device=device)
-    zt = torch.zeros(2, n_in, n_out, dtype=torch.float64, device=device)
-    tt = torch.zeros(2, dtype=torch.float64, device=device)
+    zz = torch.zeros(2, n_in, n_in, dtype=torch.float64, device=prior.device)
+    zt = torch.zeros(2, n_in, n_out, dtype=torch.float64, device=prior.device)
+    tt = torch.zeros(2, dtype=torch.float64, device=prior.device)
     for start, z, t in pairs:
         for fold in (0, 1):
             rows = [r for r in range(z.shape[0]) if (start + r) % 2 == fold]
-            if not rows:
-                continue
-            zf, tf = z[rows].flatten(0, 1).double(), t[rows].flatten(0, 1).double()
-            zz[fold] += zf.T @ zf
-            zt[fold] += zf.T @ tf
-            tt[fold] += tf.pow(2).sum()
+            if rows:
+                # One batch's Gram in float32 (a few thousand rows), summed in float64.
+                zf, tf = z[rows].flatten(0, 1).float(), t[rows].flatten(0, 1).float()
+                zz[fold] += (zf.T @ zf).double()
+                zt[fold] += (zf.T @ tf).double()
+                tt[fold] += tf.double().pow(2).sum()
     zz, zt, tt = zz.cpu(), zt.cpu(), tt.cpu()
     prior_t = prior.detach().double().cpu().T
     eye = torch.eye(n_in, dtype=torch.float64)
@@ -324,62 +280,20 @@ def _ridge_fit(pairs, prior: torch.Tensor):
     def solve(a, b, lam):
         return torch.linalg.solve(a + lam * eye, b + lam * prior_t)
 
-    def error(w, a, b, c):
+    def held_out_error(w, a, b, c):  # |Z W - T|^2 from the Grams
         return float((w * (a @ w)).sum() - 2 * (w * b).sum() + c)
 
-    best = None
-    if tt[1] > 0:
-        for strength in RIDGE_GRID:
-            err = 0.0
+    strength, best = RIDGE_GRID[0], None
+    if tt[1] > 0:  # at least two sequences: cross-validate
+        for candidate in RIDGE_GRID:
+            error = 0.0
             for train, test in ((0, 1), (1, 0)):
-                lam = strength * float(zz[train].diagonal().mean())
-                err += error(solve(zz[train], zt[train], lam), zz[test], zt[test], tt[test])
-            if best is None or err < best[0]:
-                best = (err, strength)
-    strength = best[1] if best else RIDGE_GRID[0]
+                lam = candidate * float(zz[train].diagonal().mean())
+                w = solve(zz[train], zt[train], lam)
+                error += held_out_error(w, zz[test], zt[test], tt[test])
+            if best is None or error < best:
+                strength, best = candidate, error
     a, b = zz.sum(0), zt.sum(0)
-    # The absolute ridge that won on one fold, i.e. about half the strength relative to both.
+    # The absolute ridge that won on one fold: about half the strength relative to both.
     w = solve(a, b, strength * float(a.diagonal().mean()) / 2)
-    return w.T.to(prior.dtype).to(device), strength
-
-
-def _refine(block, hidden, cos, sin, borrowed, target, settings) -> float:
-    """A few Adam steps on q/k/v/o of one layer; keeps the parameters with the best held-out
-    error (odd sequences held out)."""
-    n = hidden.shape[0]
-    train = [i for i in range(n) if i % 2 == 0] or list(range(n))
-    held = [i for i in range(n) if i % 2 == 1] or train
-    params = {k: v.clone().requires_grad_(True) for k, v in block.params().items() if v is not None}
-    opt = torch.optim.Adam(params.values(), lr=settings.lr)
-    def held_error():
-        with torch.no_grad():
-            return _error_on(block, params, hidden, cos, sin, borrowed, target, held, settings.batch_size)
-    best_err, best = held_error(), {k: v.detach().clone() for k, v in params.items()}
-    gen = torch.Generator().manual_seed(0)
-    bs = settings.batch_size
-    for step in range(settings.steps):
-        pick = torch.tensor(train)[torch.randperm(len(train), generator=gen)[:bs]]
-        full = {**{k: None for k in ("bq", "bk", "bv", "bo")}, **params}
-        out = block.attention(hidden[pick], cos, sin, borrowed[pick], full)
-        loss = (out - target[pick]).pow(2).mean() / target[pick].pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if (step + 1) % max(1, settings.steps // 4) == 0 or step + 1 == settings.steps:
-            err = held_error()
-            if err < best_err:
-                best_err, best = err, {k: v.detach().clone() for k, v in params.items()}
-    for k, v in best.items():
-        setattr(block, k, v)
-    return best_err
-
-
-def _error_on(block, params, hidden, cos, sin, borrowed, target, rows, bs):
-    full = {**{k: None for k in ("bq", "bk", "bv", "bo")}, **params}
-    num = den = 0.0
-    for s in range(0, len(rows), bs):
-        pick = torch.tensor(rows[s : s + bs])
-        out = block.attention(hidden[pick], cos, sin, borrowed[pick], full)
-        num += float((out - target[pick]).double().pow(2).sum())
-        den += float(target[pick].double().pow(2).sum())
-    return num / max(den, 1e-30)
+    return w.T.to(prior.dtype).to(prior.device), strength
