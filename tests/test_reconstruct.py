@@ -125,3 +125,55 @@ def test_default_init_without_a_tokenizer_is_refused_up_front(tmp_path):
     assert result.exit_code == 2
     assert "needs the source's tokenizer" in result.stderr and "--init keep" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not dst.exists()
+
+
+def test_convert_records_the_distillation_and_changes_only_later_attention(checkpoint, tmp_path):
+    src = checkpoint("src", num_attention_heads=8, num_key_value_heads=4, hidden_size=64)
+    calib = ["--calib-tokens", "64", "--calib-seq-len", "64", "--quiet"]
+    out = {}
+    for steps in (0, 20):
+        dst = tmp_path / f"steps{steps}"
+        result = runner.invoke(
+            app, ["convert", str(src), str(dst), "--calib-distill-steps", str(steps), *calib]
+        )
+        assert result.exit_code == 0, result.output
+        out[steps] = dst
+    record = json.loads((out[20] / "skipv1_conversion.json").read_text())["calibration"]
+    assert (
+        "distill" not in json.loads((out[0] / "skipv1_conversion.json").read_text())["calibration"]
+    )
+    assert record["distill"]["steps"] == 20
+    assert record["distill"]["held_out_kl"] <= record["distill"]["held_out_kl_before"]
+    plain, distilled = (
+        load_file(out[0] / "model.safetensors"),
+        load_file(out[20] / "model.safetensors"),
+    )
+    for name in plain:  # only the later layers' attention may change
+        if ".self_attn." not in name or ".layers.0." in name:
+            assert torch.equal(plain[name], distilled[name]), name
+    model = AutoModelForCausalLM.from_pretrained(out[20], trust_remote_code=True)
+    assert model.config.skip_v_heads == 2
+
+
+def test_distillation_lowers_the_kl_it_scores():
+    from test_calibrate import mean_transform
+
+    from skipv1.convert.distill_attention import distill_attention
+
+    source = source_model()
+    ids = tokens(1, seed=1)  # one sequence: scored on itself, so the KL must fall
+    tensors, record = distill_attention(
+        skip_config(source, 0), source.state_dict(), mean_transform(2), ids, 2, steps=20
+    )
+    assert record["held_out_kl"] < 0.8 * record["held_out_kl_before"], record
+    assert all(".self_attn." in n and ".layers.0." not in n for n in tensors)
+    assert tensors["model.layers.1.self_attn.v_proj.weight"].shape[0] == (KV - 2) * 8
+
+
+def test_bad_distill_steps_are_refused_before_anything_is_written(checkpoint, tmp_path):
+    src = checkpoint("src")
+    result = runner.invoke(
+        app, ["convert", str(src), str(tmp_path / "out"), "--calib-distill-steps", "-1"]
+    )
+    assert result.exit_code == 2 and "--calib-distill-steps -1" in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -216,3 +216,26 @@ def test_source_is_converted_on_the_fly_single_process_zero0(checkpoint, tmp_pat
 
     a, b = load_file(run / "export" / "model.safetensors"), load_file(offline / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_export_refuses_destinations_that_would_destroy_the_run(zero2_run, tmp_path):
+    before = sorted(p.name for p in zero2_run.iterdir())
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    cases = [
+        ([str(zero2_run), "--overwrite"], "lies inside the run's directory"),
+        ([str(zero2_run / "checkpoints" / "x")], "lies inside the run's directory"),
+        ([str(zero2_run.parent), "--overwrite"], "lies inside the run's directory"),
+        ([str(a_file)], "is a file"),
+        (
+            [str(tmp_path / "out"), "--checkpoint", str(zero2_run / "checkpoints" / "step_99")],
+            "not a complete checkpoint",
+        ),
+    ]
+    for args, message in cases:
+        result = subprocess.run(
+            [SKIPV1, "export", str(zero2_run), *args], capture_output=True, text=True
+        )
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, args
+    assert sorted(p.name for p in zero2_run.iterdir()) == before

@@ -20,7 +20,7 @@ from .calibrate import Calibration, calibrate_source, calibration_record, check_
 from .companions import companion_files, copy_companions, copy_modeling_code
 from .config import ConfigChange, skipv1_config
 from .init import apply_init
-from .init_registry import CALIBRATED_INITS, DEFAULT_INIT
+from .init_registry import CALIBRATED_INITS, DEFAULT_CALIB_DISTILL_STEPS, DEFAULT_INIT
 from .plan import (
     CALIBRATE,
     DROPPABLE_SUFFIXES,
@@ -90,6 +90,7 @@ def convert_checkpoint(
     calib_data: str = "embedded:train",
     calib_tokens: int = 32768,
     calib_seq_len: int = 256,
+    calib_distill_steps: int = DEFAULT_CALIB_DISTILL_STEPS,
 ) -> dict:
     """Converts a Llama/Mistral/Qwen2 checkpoint to SkipV1 and returns the summary that
     `skipv1 convert --json` prints. Raises SkipV1Error, before writing anything, on bad input."""
@@ -106,6 +107,8 @@ def convert_checkpoint(
         options.update(
             calib_data=calib_data, calib_tokens=calib_tokens, calib_seq_len=calib_seq_len
         )
+        if init == "reconstruct":
+            options["calib_distill_steps"] = calib_distill_steps
         check_calibration_options(options)
     if dtype != "auto" and dtype not in DTYPES:
         raise SkipV1Error(f"--dtype {dtype} is unknown: choose auto, {', '.join(DTYPES)}")

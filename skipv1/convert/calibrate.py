@@ -334,6 +334,9 @@ def check_calibration_options(options: dict) -> None:
         if not isinstance(options[key], int) or options[key] <= 0:
             flag = "--" + key.replace("_", "-")
             raise SkipV1Error(f"{flag} {options[key]} must be a positive number of tokens")
+    steps = options.get("calib_distill_steps", 0)
+    if not isinstance(steps, int) or steps < 0:
+        raise SkipV1Error(f"--calib-distill-steps {steps} must be 0 or a positive number of steps")
     if options["calib_tokens"] < options["calib_seq_len"]:
         raise SkipV1Error(
             f"--calib-tokens {options['calib_tokens']} is less than one sequence of "
@@ -363,9 +366,10 @@ def calibrate_source(prepared, options: dict, quiet: bool):
     fit = calibrate
     if prepared.plan.init == "reconstruct":
         from .reconstruct import reconstruct as fit
+    steps = options.get("calib_distill_steps", 0) if prepared.plan.init == "reconstruct" else 0
     with step_progress(quiet) as progress:
         task = progress.add_task(f"{prepared.plan.init}: layers", total=config.num_hidden_layers)
-        return fit(
+        result = fit(
             config,
             load,
             ids,
@@ -373,6 +377,22 @@ def calibrate_source(prepared, options: dict, quiet: bool):
             on_layer=lambda i: progress.advance(task),
             device=calibration_device(),
         )
+        if steps:
+            from .distill_attention import distill_attention
+
+            task = progress.add_task("reconstruct: distilling attention", total=steps)
+            tensors, result.distill = distill_attention(
+                config,
+                load(prepared.order),
+                result.transform,
+                ids,
+                prepared.plan.skip_heads,
+                steps,
+                device=calibration_device(),
+                on_step=lambda i: progress.advance(task),
+            )
+            result.tensors.update(tensors)
+    return result
 
 
 def calibration_device() -> str:
@@ -413,6 +433,7 @@ def calibration_record(calibration, options: dict) -> dict:
         "tokens": options["calib_tokens"],
         "seq_len": options["calib_seq_len"],
         "method": getattr(calibration, "method", METHOD),
+        **({"distill": calibration.distill} if getattr(calibration, "distill", None) else {}),
         "device": calibration_device(),
         "layers": calibration.summary(),
     }

@@ -7,7 +7,7 @@ import typer
 
 from ..console import cli_command, stdout
 from .api import convert_checkpoint
-from .init_registry import DEFAULT_INIT
+from .init_registry import DEFAULT_CALIB_DISTILL_STEPS, DEFAULT_INIT
 
 
 @cli_command
@@ -50,6 +50,13 @@ def convert(
     calib_tokens: Annotated[
         int, typer.Option(help="reconstruct/calibrated inits: calibration tokens.")
     ] = 32768,
+    calib_distill_steps: Annotated[
+        int,
+        typer.Option(
+            help="reconstruct: steps (of 4 calibration sequences) of the final distillation of "
+            "later layers' attention from the source; 0 skips it (it holds the model twice)."
+        ),
+    ] = DEFAULT_CALIB_DISTILL_STEPS,
     calib_seq_len: Annotated[
         int, typer.Option(help="reconstruct/calibrated inits: tokens per calibration sequence.")
     ] = 256,
@@ -69,6 +76,7 @@ def convert(
         calib_data=calib_data,
         calib_tokens=calib_tokens,
         calib_seq_len=calib_seq_len,
+        calib_distill_steps=calib_distill_steps,
     )
     if as_json:
         stdout.print_json(json.dumps(summary))

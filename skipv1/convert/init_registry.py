@@ -40,4 +40,6 @@ INIT_SPECS = {
 INITS = tuple(INIT_SPECS)
 # The init that measures best (docs/results/post_conversion_smollm2.md); `mean` is the paper's.
 DEFAULT_INIT = "reconstruct"
+# reconstruct's last stage: steps of attention distillation (distill_attention.py).
+DEFAULT_CALIB_DISTILL_STEPS = 30
 CALIBRATED_INITS = tuple(name for name, spec in INIT_SPECS.items() if spec.calibrated)

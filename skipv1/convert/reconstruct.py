@@ -49,6 +49,7 @@ class Reconstruction:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     layers: dict[int, dict] = field(default_factory=dict)
     method: str = METHOD
+    distill: dict | None = None  # the optional last stage's record (distill_attention.py)
 
     def transform(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         new = self.tensors.get(name)

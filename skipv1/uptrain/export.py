@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SkipV1Error
-from .checkpointing import complete_checkpoints, read_state
+from .checkpointing import COMPLETE, complete_checkpoints, read_state
 
 UPTRAIN_FILE = "skipv1_uptrain.json"
 
@@ -115,6 +115,21 @@ def write_export(
     return dst
 
 
+def check_export_destination(dst: Path, run_dir: Path, ckpt: Path, overwrite: bool) -> None:
+    """Before any merging: DST must not be, hold or lie inside the run or its checkpoints."""
+    dst_r = dst.expanduser().resolve()
+    for protected in {run_dir.resolve(), ckpt.parent.resolve()}:
+        if dst_r == protected or protected in dst_r.parents or dst_r in protected.parents:
+            raise SkipV1Error(
+                f"DST {dst} is, holds or lies inside the run's directory {protected}: exporting "
+                "there would overwrite the run; choose a DST outside it"
+            )
+    if dst.exists() and not dst.is_dir():
+        raise SkipV1Error(f"DST {dst} is a file: give a directory path")
+    if dst.exists() and not overwrite:
+        raise SkipV1Error(f"{dst} already exists: pass --overwrite or choose another destination")
+
+
 def model_card(info: dict, recipe_yaml: str) -> str:
     return f"""---
 library_name: transformers
@@ -149,7 +164,18 @@ def _fraction(value) -> str:
 def export_run(run_dir: Path, dst: Path, checkpoint: Path | None = None, overwrite=False) -> Path:
     """`skipv1 export`: the latest (or given) complete checkpoint of a run as an HF checkpoint."""
     ckpt = Path(checkpoint) if checkpoint else latest_checkpoint(run_dir)
+    if not (ckpt / COMPLETE).is_file():
+        raise SkipV1Error(
+            f"{ckpt} is not a complete checkpoint (no `{COMPLETE}` marker): a run died while "
+            "writing it; give another --checkpoint or omit it for the latest complete one"
+        )
+    check_export_destination(Path(dst), Path(run_dir), ckpt, overwrite)
     state = read_state(ckpt)
+    if not (Path(state["model_dir"]) / "config.json").is_file():
+        raise SkipV1Error(
+            f"the run's model directory {state['model_dir']} is gone (export takes the config "
+            "and tokenizer from it): restore it at that path and rerun"
+        )
     info = dict(state["export_info"], steps=state["step"], tokens=state["tokens"])
     info["final_eval_ppl"] = state.get("last_eval_ppl")
     recipe_file = Path(run_dir) / "recipe.yaml"

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-from ..convert.init_registry import DEFAULT_INIT
+from ..convert.init_registry import DEFAULT_CALIB_DISTILL_STEPS, DEFAULT_INIT
 from ..errors import SkipV1Error
 
 DataSource = Any  # a data spec string or mapping, checked by skipv1.textdata
@@ -30,6 +30,7 @@ class ModelSection:
     calib_data: DataSource = "embedded:train"  # convert options for calibrated inits
     calib_tokens: int = 32768
     calib_seq_len: int = 256
+    calib_distill_steps: int = DEFAULT_CALIB_DISTILL_STEPS  # init reconstruct: last stage
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"  # training precision
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False

@@ -97,6 +97,7 @@ class UptrainRecipe:
                 calib_data=m.calib_data,
                 calib_tokens=m.calib_tokens,
                 calib_seq_len=m.calib_seq_len,
+                calib_distill_steps=m.calib_distill_steps,
                 quiet=True,
             )
         _barrier()
