@@ -77,6 +77,13 @@ def demo(
     ] = 256,
     lr: Annotated[float, typer.Option(help="Peak learning rate of the uptraining.")] = 3e-4,
     eval_tokens: Annotated[int, typer.Option(help="Held-out tokens scored for perplexity.")] = 4096,
+    calib_tokens: Annotated[
+        int,
+        typer.Option(
+            help="Calibration tokens of the main conversion (convert's default is 32,768; the "
+            "demo uses fewer to fit its time budget)."
+        ),
+    ] = 8192,
     init: Annotated[
         str,
         typer.Option(help="Conversion init: reconstruct (the default), calibrated, keep, mean."),
@@ -98,6 +105,7 @@ def demo(
             seq_len=seq_len,
             lr=lr,
             eval_tokens=eval_tokens,
+            calib_tokens=calib_tokens,
             init=init,
             quiet=quiet,
         )

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from .console import console, stdout
-from .convert.init_registry import DEFAULT_INIT
+from .convert.init_registry import CALIBRATED_INITS, DEFAULT_INIT
 from .errors import SkipV1Error
 
 
@@ -43,6 +43,7 @@ class DemoSettings:
     lr: float
     eval_tokens: int
     init: str = DEFAULT_INIT
+    calib_tokens: int = 8192  # of the main conversion, when its init is a calibrated one
     quiet: bool = False
 
 
@@ -67,8 +68,8 @@ def run_demo(settings: DemoSettings) -> dict:
         if not _complete(paths["source"]):
             _export_source(paths["source"])
     with _timed(timings, "2 convert"):
-        _convert(settings, paths["source"], paths["converted"], settings.init)
-        _convert(settings, paths["source"], paths["comparison"], comparison_init(settings))
+        for name, init in (("converted", settings.init), ("comparison", comparison_init(settings))):
+            _convert(settings, paths["source"], paths[name], init)
     with _timed(timings, "3 eval before"):
         _eval(settings, evals["before"], *compared, *_ppl_args(settings))
     with _timed(timings, "4 uptrain"):
@@ -100,6 +101,8 @@ def check_settings(s: DemoSettings) -> None:
         )
     if not (math.isfinite(s.lr) and s.lr > 0):
         raise SkipV1Error(f"--lr {s.lr} must be a positive number")
+    if s.calib_tokens < s.seq_len or s.calib_tokens < 256:
+        raise SkipV1Error(f"--calib-tokens {s.calib_tokens} must be at least 256 and --seq-len")
     if s.eval_tokens < 2:
         raise SkipV1Error(f"--eval-tokens {s.eval_tokens} must be at least 2")
     if s.init not in INITS:
@@ -124,7 +127,8 @@ def comparison_init(settings: DemoSettings) -> str:
     return "mean" if settings.init != "mean" else DEFAULT_INIT
 
 
-def _convert(settings: DemoSettings, src: Path, dst: Path, init: str, *extra) -> None:
+def _convert(settings: DemoSettings, src: Path, dst: Path, init: str) -> None:
+    extra = ["--calib-tokens", settings.calib_tokens] if init in CALIBRATED_INITS else []
     if not _complete(dst):
         _skipv1(
             settings,
@@ -294,9 +298,12 @@ def _markdown(report: dict) -> str:
     lines = [
         "# skipv1 demo: SmolLM2-135M-Instruct -> SkipV1",
         "",
-        f"s = {s['skip_heads']} of 3 KV heads, `--init {s['init']}`; uptrained on {s['tokens']:,} "
-        "tokens of embedded:train, distilled from the source; perplexity on "
-        f"{s['eval_tokens']:,} tokens of embedded:validation (ctx {s['seq_len']}).",
+        f"s = {s['skip_heads']} of 3 KV heads, `--init {s['init']}` (calibrated inits: "
+        f"{s['calib_tokens']:,} calibration tokens of embedded:train); uptrained on "
+        f"{s['tokens']:,} tokens of embedded:train, distilled from the source; perplexity on "
+        f"{s['eval_tokens']:,} tokens of embedded:validation (ctx {s['seq_len']}): held-out "
+        "documents of the same kind of text (CPython docs) as the calibration and training "
+        "text. For other domains see docs/results/post_conversion_smollm2.md.",
         "",
         "| model | parameters | KV bytes/token (measured, fp32) | perplexity |",
         "|---|---|---|---|",
