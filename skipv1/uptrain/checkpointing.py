@@ -36,13 +36,35 @@ def tag_for(step: int) -> str:
 
 
 def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+    """Complete, readable checkpoints, oldest first; a marked one whose state file or tensor
+    files are damaged (a disk that filled up, a file cut short) is skipped with a warning."""
     if not Path(ckpt_dir).is_dir():
         return []
     found = [
         p for p in Path(ckpt_dir).iterdir() if TAG_RE.match(p.name) and (p / COMPLETE).is_file()
     ]
-    return sorted(found, key=lambda p: p.name)
+    return sorted((p for p in found if _readable(p)), key=lambda p: p.name)
+
+
+def _readable(ckpt: Path) -> bool:
+    """The state file parses and every torch file is a whole zip archive (torch.save's format
+    ends with the zip directory, so a cut file fails this cheaply)."""
+    import zipfile
+
+    problem = None
+    try:
+        json.loads((ckpt / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        problem = f"{STATE_FILE} is missing or not JSON"
+    if problem is None:
+        bad = [p.name for p in ckpt.rglob("*.pt") if not zipfile.is_zipfile(p)]
+        problem = f"{bad[0]} is cut short or damaged" if bad else None
+    if problem is None:
+        return True
+    from ..console import console
+
+    console.print(f"[yellow]warning:[/] skipping checkpoint {ckpt}: {problem}", highlight=False)
+    return False
 
 
 def resolve_resume(resume: str, ckpt_dir: Path) -> Path | None:

@@ -14,10 +14,31 @@ METRICS_FILE = "metrics.jsonl"
 
 
 def read_metrics(run_dir: "str | Path") -> list[dict]:
+    """The records of metrics.jsonl; a last line cut by a kill (no newline, not valid JSON) is
+    dropped with a warning, any other bad line is an error naming it."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text(errors="replace")
+    lines = text.splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines) and not text.endswith("\n"):
+                console.print(
+                    f"[yellow]warning:[/] dropped the cut last line of {path} (a killed run)",
+                    highlight=False,
+                )
+                continue
+            raise SkipV1Error(
+                f"{path} line {number} is not JSON: the metrics file is damaged; remove the "
+                "line (or the file) and rerun"
+            ) from None
+    return records
 
 
 def truncate_metrics(run_dir: Path, last_step: int) -> None:
