@@ -1,6 +1,7 @@
 """Optional downstream scores through EleutherAI's lm-evaluation-harness (`pip install
-'skipv1[lm-eval]'`). Each checkpoint is loaded by lm-eval itself from its directory, with
-trust_remote_code=True, which is how a converted checkpoint loads without skipv1 installed."""
+'skipv1[lm-eval]'`). Each checkpoint is loaded by lm-eval itself from its directory, in this
+process, where `import skipv1` has registered the SkipV1 classes: trust_remote_code stays off, so
+no code from a checkpoint directory runs."""
 
 from pathlib import Path
 
@@ -59,7 +60,9 @@ def run_lm_eval(
         model="hf",
         model_args={
             "pretrained": str(path),
-            "trust_remote_code": True,
+            # skipv1's classes are registered in this process (`import skipv1`): no code from the
+            # checkpoint directory is run.
+            "trust_remote_code": False,
             "dtype": dtype,
             "device": device,
         },

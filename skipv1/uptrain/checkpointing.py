@@ -14,6 +14,7 @@ the resumed run sees the same global batches.
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -94,9 +95,12 @@ def read_state(ckpt: Path) -> dict:
 
 
 def rng_state() -> dict:
+    """Plain tuples, ints and tensors only, so that it loads with torch.load(weights_only=True)
+    (a run directory's files never run code on resume)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -106,7 +110,8 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -205,5 +210,15 @@ def load(engine, ckpt: Path, rank: int, world_size: int) -> dict:
         raise SkipV1Error(f"DeepSpeed could not load checkpoint {source}: it may be damaged")
     rng_file = ckpt / f"rng_rank{rank}.pt"
     if same_world and rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        try:
+            set_rng_state(torch.load(rng_file, weights_only=True))
+        except (pickle.UnpicklingError, RuntimeError, ValueError, KeyError) as err:
+            from ..console import console
+
+            console.print(
+                f"[yellow]warning:[/] {rng_file} is not a plain RNG state ({type(err).__name__}); "
+                "not loaded (RNG states only matter for dropout, which Llama-family models "
+                "do not use)",
+                highlight=False,
+            )
     return state
