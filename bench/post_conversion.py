@@ -91,28 +91,53 @@ def main() -> None:
     parser.add_argument("--corpus-dir", type=Path, default=ROOT.parent / "shared/data/corpus")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/results")
     parser.add_argument("--only", nargs="*", default=list(CONVERSIONS))
+    parser.add_argument("--source", type=Path, help="another source (default: SmolLM2)")
+    parser.add_argument("--calib-data", help="calibration text for --source (a data spec)")
+    parser.add_argument(
+        "--eval",
+        nargs=2,
+        action="append",
+        metavar=("NAME", "SPEC"),
+        help="evaluation texts for --source (default: SmolLM2's kjv and embedded:validation)",
+    )
+    parser.add_argument("--skip-heads", type=int, default=1)
+    parser.add_argument("--stem", default="post_conversion_smollm2")
     args = parser.parse_args()
-    kjv = args.corpus_dir / "kjv.txt"
-    if not kjv.is_file():
-        sys.exit(f"{kjv} not found: pass --corpus-dir with kjv.txt")
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"
-    src = source_dir(work)
+    if args.source:
+        src, evals = args.source.absolute(), dict(args.eval or [])
+    else:
+        kjv = args.corpus_dir / "kjv.txt"
+        if not kjv.is_file():
+            sys.exit(f"{kjv} not found: pass --corpus-dir with kjv.txt")
+        src, evals = (
+            source_dir(work),
+            {"kjv": str(kjv), "embedded:validation": "embedded:validation"},
+        )
+    calib = ["--calib-data", args.calib_data] if args.calib_data else []
     timings_file = work / "convert_seconds.json"
     timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
     for name in args.only:
         dst = work / name
         if not (dst / "config.json").is_file():
-            cmd = skipv1("convert", src, dst, "--skip-heads", 1, "--quiet", *CONVERSIONS[name])
+            cmd = skipv1(
+                "convert",
+                src,
+                dst,
+                "--skip-heads",
+                args.skip_heads,
+                "--quiet",
+                *CONVERSIONS[name],
+                *(calib if name not in ("keep", "mean") else []),
+            )
             timings[name] = round(run(cmd, log), 1)
             timings_file.write_text(json.dumps(timings, indent=2))
     models = [src] + [work / name for name in args.only]
     results = {
-        "kjv": evaluate(models, str(kjv), work / "eval-kjv.json", log),
-        "embedded:validation": evaluate(
-            models, "embedded:validation", work / "eval-pydoc.json", log
-        ),
+        name: evaluate(models, spec, work / f"eval-{name.replace(':', '-')}.json", log)
+        for name, spec in evals.items()
     }
     write_report(args, src, timings, results)
 
@@ -120,7 +145,7 @@ def main() -> None:
 def write_report(args, src: Path, timings: dict, results: dict) -> None:
     rows = []
     for name in ["source", *args.only]:
-        key = "source" if name == "source" else name
+        key = src.name if name == "source" else name
         row = {"model": name, "convert_seconds": timings.get(name)}
         for domain, models in results.items():
             row[domain] = models[key]["perplexity"]
@@ -128,28 +153,28 @@ def write_report(args, src: Path, timings: dict, results: dict) -> None:
         rows.append(row)
     base = rows[0]
     record = {
-        "command": "nice -n 5 .venv/bin/python bench/post_conversion.py",
+        "command": "nice -n 5 .venv/bin/python bench/post_conversion.py "
+        + shlex.join(sys.argv[1:]),
         "eval_tokens": EVAL_TOKENS,
         "ctx": CTX,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "post_conversion_smollm2.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / f"{args.stem}.json").write_text(json.dumps(record, indent=2) + "\n")
+    domains = list(results)
+    head = " | ".join(f"{d} ppl | vs source" for d in domains)
     lines = [
-        "| model | convert time (s) | KJV ppl (other domain) | vs source | CPython docs ppl (calibration domain) | vs source | KV bytes/token (fp32) |",
-        "|---|---|---|---|---|---|---|",
+        f"| model | convert time (s) | {head} | KV bytes/token |",
+        "|---|---|" + "---|---|" * len(domains) + "---|",
     ]
     for row in rows:
         t = "-" if row["convert_seconds"] is None else f"{row['convert_seconds']:.0f}"
-        kjv, doc = row["kjv"], row["embedded:validation"]
-        lines.append(
-            f"| {row['model']} | {t} | {kjv:,.2f} | {kjv / base['kjv'] - 1:+.1%} | {doc:,.2f} | "
-            f"{doc / base['embedded:validation'] - 1:+.1%} | {row['kv_bytes_per_token']:,} |"
-        )
+        cells = " | ".join(f"{row[d]:,.2f} | {row[d] / base[d] - 1:+.1%}" for d in domains)
+        lines.append(f"| {row['model']} | {t} | {cells} | {row['kv_bytes_per_token']:,} |")
     table = "\n".join(lines)
     print(table)
-    (args.out / "post_conversion_smollm2.table.md").write_text(table + "\n")
+    (args.out / f"{args.stem}.table.md").write_text(table + "\n")
 
 
 if __name__ == "__main__":

@@ -516,6 +516,11 @@ def main() -> None:
         help="peak lr of every arm, for a sensitivity run (own arms dir and report); "
         "default: the scale's, 1.5x the end of pretraining",
     )
+    p.add_argument(
+        "--source-only",
+        action="store_true",
+        help="stop after pretraining the source (e.g. for bench/post_conversion.py --source)",
+    )
     args = p.parse_args()
     scale = SCALES[args.scale]
     if args.arm_lr is not None:
@@ -536,6 +541,9 @@ def main() -> None:
         f"pretrain source for {scale.pretrain_tokens:,} tokens",
         lambda: uptrain(recipe(scale, init, data, pretrain=True, teacher=None), source_dir),
     )
+    if args.source_only:
+        print(f"source: {source}")
+        return
     for arm, label in ARMS.items():
         out = arms_root(work, args) / arm
 

@@ -28,6 +28,7 @@ def test_tiny_cpu_recipe_runs_as_written(tmp_path):
         # sizes only: one optimizer step, a small calibration set, a short eval
         "budget.tokens=2048",
         "model.calib_tokens=1024",
+        "model.calib_distill_steps=2",
         "eval.every=1",
         "eval.blocks=2",
         "checkpoint.every=1",
