@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-from ..convert.init_registry import DEFAULT_CALIB_DISTILL_STEPS, DEFAULT_INIT
+from ..convert.init_registry import DEFAULT_CALIB_DISTILL_STEPS, DEFAULT_INIT, INITS
 from ..errors import SkipV1Error
 
 DataSource = Any  # a data spec string or mapping, checked by skipv1.textdata
@@ -253,6 +253,14 @@ def check_recipe(r: Recipe) -> None:
         )
     if r.data.train is None:
         raise SkipV1Error("`data.train` is missing: give files, a glob, `embedded` or a Hub name")
+    if r.model.init not in INITS:
+        raise SkipV1Error(f"`model.init` is {r.model.init!r}: choose one of {', '.join(INITS)}")
+    _positive(r.model.calib_tokens, "model.calib_tokens")
+    _positive(r.model.calib_seq_len, "model.calib_seq_len")
+    if r.model.calib_distill_steps < 0:
+        raise SkipV1Error(
+            f"`model.calib_distill_steps` is {r.model.calib_distill_steps}: it must be 0 or more"
+        )
     if r.data.seq_len < 2:
         raise SkipV1Error(f"`data.seq_len` is {r.data.seq_len}: it must be at least 2")
     _positive(r.batch.micro_batch_size, "batch.micro_batch_size")
