@@ -84,6 +84,12 @@ def demo(
             "demo uses fewer to fit its time budget)."
         ),
     ] = 8192,
+    calib_distill_steps: Annotated[
+        int,
+        typer.Option(
+            help="Attention distillation steps of the main conversion (convert's default is 30)."
+        ),
+    ] = 10,
     init: Annotated[
         str,
         typer.Option(help="Conversion init: reconstruct (the default), calibrated, keep, mean."),
@@ -106,6 +112,7 @@ def demo(
             lr=lr,
             eval_tokens=eval_tokens,
             calib_tokens=calib_tokens,
+            calib_distill_steps=calib_distill_steps,
             init=init,
             quiet=quiet,
         )

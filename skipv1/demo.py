@@ -44,6 +44,7 @@ class DemoSettings:
     eval_tokens: int
     init: str = DEFAULT_INIT
     calib_tokens: int = 8192  # of the main conversion, when its init is a calibrated one
+    calib_distill_steps: int = 10  # of the main conversion, when its init is reconstruct
     quiet: bool = False
 
 
@@ -103,6 +104,8 @@ def check_settings(s: DemoSettings) -> None:
         raise SkipV1Error(f"--lr {s.lr} must be a positive number")
     if s.calib_tokens < s.seq_len or s.calib_tokens < 256:
         raise SkipV1Error(f"--calib-tokens {s.calib_tokens} must be at least 256 and --seq-len")
+    if s.calib_distill_steps < 0:
+        raise SkipV1Error(f"--calib-distill-steps {s.calib_distill_steps} must be 0 or more")
     if s.eval_tokens < 2:
         raise SkipV1Error(f"--eval-tokens {s.eval_tokens} must be at least 2")
     if s.init not in INITS:
@@ -129,6 +132,8 @@ def comparison_init(settings: DemoSettings) -> str:
 
 def _convert(settings: DemoSettings, src: Path, dst: Path, init: str) -> None:
     extra = ["--calib-tokens", settings.calib_tokens] if init in CALIBRATED_INITS else []
+    if init == "reconstruct":
+        extra += ["--calib-distill-steps", settings.calib_distill_steps]
     if not _complete(dst):
         _skipv1(
             settings,
@@ -299,7 +304,8 @@ def _markdown(report: dict) -> str:
         "# skipv1 demo: SmolLM2-135M-Instruct -> SkipV1",
         "",
         f"s = {s['skip_heads']} of 3 KV heads, `--init {s['init']}` (calibrated inits: "
-        f"{s['calib_tokens']:,} calibration tokens of embedded:train); uptrained on "
+        f"{s['calib_tokens']:,} calibration tokens of embedded:train, "
+        f"{s['calib_distill_steps']} distillation steps); uptrained on "
         f"{s['tokens']:,} tokens of embedded:train, distilled from the source; perplexity on "
         f"{s['eval_tokens']:,} tokens of embedded:validation (ctx {s['seq_len']}): held-out "
         "documents of the same kind of text (CPython docs) as the calibration and training "
