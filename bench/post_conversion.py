@@ -64,7 +64,7 @@ def source_dir(work: Path) -> Path:
     return src
 
 
-def evaluate(models: list[Path], data: str, out: Path, log: Path) -> dict:
+def evaluate(models: list[Path], data: str, out: Path, log: Path, ctx: int = CTX) -> dict:
     if not out.is_file():
         run(
             skipv1(
@@ -101,6 +101,7 @@ def main() -> None:
         help="evaluation texts for --source (default: SmolLM2's kjv and embedded:validation)",
     )
     parser.add_argument("--skip-heads", type=int, default=1)
+    parser.add_argument("--ctx", type=int, default=CTX, help="eval window (<= the model's)")
     parser.add_argument("--stem", default="post_conversion_smollm2")
     args = parser.parse_args()
     work = args.work
@@ -136,7 +137,7 @@ def main() -> None:
             timings_file.write_text(json.dumps(timings, indent=2))
     models = [src] + [work / name for name in args.only]
     results = {
-        name: evaluate(models, spec, work / f"eval-{name.replace(':', '-')}.json", log)
+        name: evaluate(models, spec, work / f"eval-{name.replace(':', '-')}.json", log, args.ctx)
         for name, spec in evals.items()
     }
     write_report(args, src, timings, results)
@@ -156,7 +157,7 @@ def write_report(args, src: Path, timings: dict, results: dict) -> None:
         "command": "nice -n 5 .venv/bin/python bench/post_conversion.py "
         + shlex.join(sys.argv[1:]),
         "eval_tokens": EVAL_TOKENS,
-        "ctx": CTX,
+        "ctx": args.ctx,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
         "rows": rows,
     }
