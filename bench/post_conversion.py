@@ -73,7 +73,7 @@ def evaluate(models: list[Path], data: str, out: Path, log: Path, ctx: int = CTX
                 "--data",
                 data,
                 "--ctx",
-                CTX,
+                ctx,
                 "--max-tokens",
                 EVAL_TOKENS,
                 "--no-speed",
