@@ -102,6 +102,7 @@ def main() -> None:
     )
     parser.add_argument("--skip-heads", type=int, default=1)
     parser.add_argument("--ctx", type=int, default=CTX, help="eval window (<= the model's)")
+    parser.add_argument("--calib-seq-len", type=int, help="calibration sequence length")
     parser.add_argument("--stem", default="post_conversion_smollm2")
     args = parser.parse_args()
     work = args.work
@@ -118,6 +119,7 @@ def main() -> None:
             {"kjv": str(kjv), "embedded:validation": "embedded:validation"},
         )
     calib = ["--calib-data", args.calib_data] if args.calib_data else []
+    calib += ["--calib-seq-len", str(args.calib_seq_len)] if args.calib_seq_len else []
     timings_file = work / "convert_seconds.json"
     timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
     for name in args.only:
