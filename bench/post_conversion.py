@@ -74,6 +74,11 @@ def evaluate(models: list[Path], data: str, out: Path, log: Path, ctx: int = CTX
                 data,
                 "--ctx",
                 ctx,
+                # the KV measure's generate() must fit the model's positions
+                "--prompt-len",
+                min(128, ctx // 2),
+                "--new-tokens",
+                min(32, ctx // 4),
                 "--max-tokens",
                 EVAL_TOKENS,
                 "--no-speed",
