@@ -41,9 +41,10 @@ def tokens(n, seed):
     return torch.randint(0, 97, (n, 32), generator=torch.Generator().manual_seed(seed))
 
 
-def run_calibration(source, s, n=16):
+def run_calibration(source, s, n=16, fit=calibrate):
+    """`fit` is any calibrated init's layer-by-layer pass (same signature)."""
     state = source.state_dict()
-    return calibrate(
+    return fit(
         skip_config(source, 0),
         lambda names: {k: state[k] for k in names},
         tokens(n, seed=1),

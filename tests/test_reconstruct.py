@@ -30,14 +30,7 @@ runner = CliRunner()
 
 
 def run_reconstruct(source, s, n=16):
-    state = source.state_dict()
-    return reconstruct(
-        skip_config(source, 0),
-        lambda names: {k: state[k] for k in names},
-        tokens(n, seed=1),
-        skip_heads=s,
-        batch_size=4,
-    )
+    return run_calibration(source, s, n=n, fit=reconstruct)
 
 
 def test_reconstruct_beats_calibrated_on_held_out_inputs():

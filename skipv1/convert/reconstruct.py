@@ -20,7 +20,7 @@ gate/up projections stay the source's. Memory: one layer's weights plus the two 
 hidden states of the calibration tokens (2 x tokens x hidden floats).
 
 Tried and dropped (docs/results/post_conversion_smollm2.md): choosing which layer-0 heads are
-borrowed (no measurable change on SmolLM2) and a per-layer Adam refinement of q/k/v/o (too slow
+borrowed (no visible change on SmolLM2) and a per-layer Adam refinement of q/k/v/o (too slow
 on a CPU for the conversion's time budget).
 """
 
