@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 from transformers.cache_utils import Cache, StaticLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
@@ -28,6 +29,7 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
     eager_attention_forward,
 )
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_skipv1_llama import SkipV1LlamaConfig
 
@@ -74,6 +76,9 @@ class SkipV1LlamaAttention(LlamaAttention):
                 config.hidden_size,
                 bias=config.o_proj_bias,
             )
+        # Set only while uptraining with gradual conversion (skipv1.uptrain.gradual): maps
+        # (hidden_states, borrowed values) to the values the borrowed heads use.
+        self.value_blend: nn.Module | None = None
 
     def forward(
         self,
@@ -108,6 +113,8 @@ class SkipV1LlamaAttention(LlamaAttention):
             first_layer_values.value = value_states
         elif self.own_value_heads < self.config.num_key_value_heads:
             borrowed = first_layer_values.value[:, self.own_value_heads :]
+            if self.value_blend is not None:
+                borrowed = self.value_blend(hidden_states, borrowed)
             value_states = torch.cat([value_states, borrowed], dim=1)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -180,25 +187,58 @@ class SkipV1LlamaPreTrainedModel(LlamaPreTrainedModel):
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
 
+def _keep_checkpointing_flag(config: SkipV1LlamaConfig) -> bool:
+    """Llama's own __init__ consumes `config.gradient_checkpointing` (post_init enables it on
+    the stock layers and deletes it) before the SkipV1 layers exist: read it first."""
+    return bool(getattr(config, "gradient_checkpointing", False))
+
+
 class SkipV1LlamaModel(SkipV1LlamaPreTrainedModel, LlamaModel):
     def __init__(self, config: SkipV1LlamaConfig):
+        checkpointing = _keep_checkpointing_flag(config)
         super().__init__(config)
         self.layers = nn.ModuleList(
             [SkipV1LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)]
         )
+        if checkpointing:
+            config.gradient_checkpointing = True
         self.post_init()
 
-    def forward(self, *args, cache: Cache | None = None, **kwargs):
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
         if cache is not None:
             use_skipv1_static_layers(cache)
-        kwargs["first_layer_values"] = FirstLayerValues()
-        return LlamaModel.forward(self, *args, cache=cache, **kwargs)
+        return LlamaModel.forward(
+            self,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            first_layer_values=FirstLayerValues(),
+            **kwargs,
+        )
 
 
 class SkipV1LlamaForCausalLM(SkipV1LlamaPreTrainedModel, LlamaForCausalLM):
     def __init__(self, config: SkipV1LlamaConfig):
+        checkpointing = _keep_checkpointing_flag(config)
         super().__init__(config)
+        if checkpointing:
+            config.gradient_checkpointing = True
         self.model = SkipV1LlamaModel(config)
+        if checkpointing:
+            config.gradient_checkpointing = True
         self.post_init()
 
 

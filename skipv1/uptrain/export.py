@@ -16,6 +16,7 @@ import torch
 
 from ..errors import SkipV1Error
 from .checkpointing import COMPLETE, complete_checkpoints, read_state
+from .gradual import strip_blend
 
 UPTRAIN_FILE = "skipv1_uptrain.json"
 
@@ -89,7 +90,7 @@ def write_export(
     dtype = getattr(torch, info["dtype"])
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust)
-    weights = {k: v.to(dtype) for k, v in state_dict.items()}
+    weights = {k: v.to(dtype) for k, v in strip_blend(state_dict).items()}
     missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
     tied = {"lm_head.weight"} if config.get_text_config().tie_word_embeddings else set()
     if set(missing) - tied or unexpected:

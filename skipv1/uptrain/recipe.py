@@ -31,6 +31,9 @@ class ModelSection:
     calib_tokens: int = 32768
     calib_seq_len: int = 256
     calib_distill_steps: int = DEFAULT_CALIB_DISTILL_STEPS  # init reconstruct: last stage
+    # > 0: gradual conversion over this fraction of the budget (skipv1/uptrain/gradual.py);
+    # needs `init: keep` and the source's weights (model.source or distill.teacher)
+    gradual_fraction: float = 0.0
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"  # training precision
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False
@@ -261,6 +264,7 @@ def check_recipe(r: Recipe) -> None:
         raise SkipV1Error(
             f"`model.calib_distill_steps` is {r.model.calib_distill_steps}: it must be 0 or more"
         )
+    _check_gradual(r)
     if r.data.seq_len < 2:
         raise SkipV1Error(f"`data.seq_len` is {r.data.seq_len}: it must be at least 2")
     _positive(r.batch.micro_batch_size, "batch.micro_batch_size")
@@ -317,6 +321,27 @@ def check_recipe(r: Recipe) -> None:
         raise SkipV1Error(
             f"`checkpoint.resume` is {resume!r}: allowed values are auto, never or an existing "
             "checkpoint directory"
+        )
+
+
+def _check_gradual(r: Recipe) -> None:
+    m = r.model
+    if not 0 <= m.gradual_fraction <= 1:
+        raise SkipV1Error(
+            f"`model.gradual_fraction` is {m.gradual_fraction}: use 0 (off) or a fraction in (0, 1]"
+        )
+    if not m.gradual_fraction:
+        return
+    if m.source is not None and m.init != "keep":
+        raise SkipV1Error(
+            f"`model.gradual_fraction` starts from the source's function only with `model.init: "
+            f"keep` (own heads = source heads, o_proj unchanged); it is {m.init!r}"
+        )
+    local_source = m.source is not None and (Path(m.source) / "config.json").is_file()
+    if not local_source and r.distill.teacher is None:
+        raise SkipV1Error(
+            "`model.gradual_fraction` reads the source's value rows: set `model.source` to a local "
+            "checkpoint directory or `distill.teacher` to the source"
         )
 
 

@@ -2,6 +2,7 @@
 export. The loop is in plain sight; DeepSpeed does partitioning, precision, accumulation and
 clipping. Every rank runs this same code (torchrun, the DeepSpeed launcher, or one process)."""
 
+import json
 import logging
 import math
 import time
@@ -29,6 +30,7 @@ from .engine import (
     zero_stage,
 )
 from .export import gather_live_state_dict, write_export
+from .gradual import GradualConversion
 from .metrics import MetricsLogger, truncate_metrics
 from .recipe import Recipe, total_steps
 from .schedule import make_scheduler
@@ -42,6 +44,7 @@ class UptrainRecipe:
         self.env = dist_env()
         self.start_step = 0
         self.last_eval_ppl: float | None = None
+        self.gradual: GradualConversion | None = None
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -153,6 +156,8 @@ class UptrainRecipe:
         # (the export's meta-device model) from being partitioned with collectives
         del keep_alive
         model.config.use_cache = False
+        if self.recipe.model.gradual_fraction:
+            self.gradual = self._gradual_conversion(model)
         if self.recipe.model.gradient_checkpointing:
             # non-reentrant: layer 0's value tensor is reused by every later layer
             model.gradient_checkpointing_enable(
@@ -160,6 +165,21 @@ class UptrainRecipe:
             )
         model.train()
         return model
+
+    def _gradual_conversion(self, model: torch.nn.Module) -> GradualConversion:
+        m = self.recipe.model
+        if not is_skipv1(self.model_config):
+            raise SkipV1Error("`model.gradual_fraction` needs a SkipV1 model to train")
+        provenance = self.model_dir / "skipv1_conversion.json"
+        init = json.loads(provenance.read_text()).get("init") if provenance.is_file() else None
+        if init not in (None, "keep"):
+            raise SkipV1Error(
+                f"`model.gradual_fraction` starts from the source's function only from a `--init "
+                f"keep` conversion; {self.model_dir} was converted with --init {init}"
+            )
+        source = m.source if m.source and (Path(m.source) / "config.json").is_file() else None
+        ramp = max(1, round(m.gradual_fraction * self.total_steps))
+        return GradualConversion(model, Path(source or self.recipe.distill.teacher), ramp)
 
     def _load_teacher(self) -> torch.nn.Module | None:
         """The frozen teacher, replicated whole on every rank (also under ZeRO-3: it is loaded
@@ -279,6 +299,8 @@ class UptrainRecipe:
         for step in range(self.start_step + 1, self.total_steps + 1):
             global_batch = next(batches)
             started = time.perf_counter()
+            if self.gradual:
+                self.gradual.set_step(step - 1)
             lr = self.scheduler.get_last_lr()[0]
             losses, kls = [], []
             for micro in rank_micro_batches(
@@ -302,6 +324,8 @@ class UptrainRecipe:
             }
             if kls:
                 record["distill_kl"] = _mean_over_ranks(torch.stack(kls).mean())
+            if self.gradual:
+                record["value_mix"] = self.gradual.mix_at(step - 1)
             self.metrics.step(record)
             if not math.isfinite(loss):
                 raise SkipV1Error(f"loss is {loss} at step {step}: lower optim.lr")
@@ -319,6 +343,8 @@ class UptrainRecipe:
         if self.eval_blocks is None:
             return None
         env, engine, micro = self.env, self.engine, self.recipe.batch.micro_batch_size
+        if self.gradual:
+            self.gradual.set_step(step)
         mine = self.eval_blocks[env.rank :: env.world_size]
         total = torch.zeros(2, dtype=torch.float64, device=env.device)
         engine.eval()
@@ -360,6 +386,8 @@ class UptrainRecipe:
 
     def export(self) -> Path | None:
         """RUN_DIR/export from the live engine's weights (all ranks call; rank 0 writes)."""
+        if self.gradual:
+            self.gradual.set_step(self.total_steps)
         weights = gather_live_state_dict(self.engine, self.env.rank)
         dst = None
         if self.env.is_main:

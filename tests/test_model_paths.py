@@ -1,0 +1,99 @@
+"""The calling conventions and generation paths transformers users reach, on SkipV1 models:
+signature, `past_key_values=`, the config's gradient-checkpointing flag, beam search, assisted
+decoding and left padding (each against the uncached forward or stock behaviour)."""
+
+import inspect
+
+import pytest
+import torch
+from test_model import SHAPES, ids, random_model, skip_config
+from transformers import DynamicCache
+
+from skipv1 import SkipV1LlamaForCausalLM
+from skipv1.modeling.modeling_skipv1_llama import SkipV1LlamaModel
+
+
+def test_base_model_forward_has_an_explicit_signature_and_takes_positional_ids():
+    params = list(inspect.signature(SkipV1LlamaModel.forward).parameters)
+    assert params[:3] == ["self", "input_ids", "attention_mask"]
+    assert "inputs_embeds" in params and "cache" in params
+    model = random_model(skip_config())
+    x = ids()
+    with torch.no_grad():
+        by_position = model.model(x).last_hidden_state
+        by_name = model.model(input_ids=x).last_hidden_state
+        embeds = model.model(inputs_embeds=model.model.embed_tokens(x)).last_hidden_state
+    assert torch.equal(by_position, by_name)
+    torch.testing.assert_close(embeds, by_name, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["past_key_values", "cache"])
+def test_base_model_uses_a_cache_passed_under_either_name(name):
+    model = random_model(skip_config(heads=9, kv=3, s=1))
+    x = ids(length=10)
+    with torch.no_grad():
+        full = model.model(x).last_hidden_state
+        cache = DynamicCache(config=model.config)
+        model.model(x[:, :6], use_cache=True, **{name: cache})
+        assert cache.get_seq_length() == 6
+        tail = model.model(x[:, 6:], use_cache=True, **{name: cache}).last_hidden_state
+    assert cache.get_seq_length() == 10
+    torch.testing.assert_close(tail, full[:, 6:], rtol=0, atol=1e-5)
+
+
+def test_config_gradient_checkpointing_flag_reaches_the_skipv1_layers():
+    config = skip_config()
+    config.gradient_checkpointing = True
+    model = SkipV1LlamaForCausalLM(config)
+    assert model.is_activation_checkpointing
+    assert all(layer.gradient_checkpointing for layer in model.model.layers)
+    model.train()
+    x = ids()
+    model(input_ids=x, labels=x).loss.backward()
+    assert model.model.layers[0].self_attn.v_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_beam_search_scores_are_the_uncached_model_s(shape):
+    heads, kv = SHAPES[shape]
+    model = random_model(skip_config(heads=heads, kv=kv, s=kv // 2 or 1))
+    prompt = ids(batch=1, length=6)
+    out = model.generate(
+        prompt,
+        num_beams=3,
+        max_new_tokens=5,
+        do_sample=False,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        output_scores=True,
+        length_penalty=0.0,
+    )
+    best = out.sequences[:1]
+    with torch.no_grad():
+        logprobs = model(best).logits.log_softmax(-1)
+    tokens = best[0, 6:]
+    total = sum(logprobs[0, 5 + i, t] for i, t in enumerate(tokens.tolist()))
+    torch.testing.assert_close(out.sequences_scores[0], total, rtol=0, atol=1e-4)
+
+
+def test_assisted_decoding_gives_the_greedy_tokens():
+    model = random_model(skip_config(heads=8, kv=4, s=2, layers=4))
+    assistant = random_model(skip_config(heads=8, kv=4, s=2, layers=2), seed=3)
+    prompt = ids(batch=1, length=8)
+    kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    greedy = model.generate(prompt, **kwargs)
+    assisted = model.generate(prompt, assistant_model=assistant, **kwargs)
+    assert torch.equal(assisted, greedy)
+
+
+def test_left_padded_batch_matches_each_prompt_alone():
+    model = random_model(skip_config(heads=9, kv=3, s=1))
+    short, long = ids(batch=1, length=5, seed=2), ids(batch=1, length=9, seed=3)
+    batch = torch.cat([torch.cat([torch.zeros(1, 4, dtype=torch.long), short], 1), long])
+    mask = torch.ones_like(batch)
+    mask[0, :4] = 0
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    together = model.generate(batch, attention_mask=mask, **kwargs)
+    alone = [model.generate(p, **kwargs)[0, p.shape[1] :] for p in (short, long)]
+    assert torch.equal(together[0, 9:], alone[0])
+    assert torch.equal(together[1, 9:], alone[1])
