@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 from test_model import SHAPES, ids, random_model, skip_config
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
 from skipv1 import SkipV1LlamaForCausalLM
 from skipv1.modeling.modeling_skipv1_llama import SkipV1LlamaModel
@@ -97,3 +97,43 @@ def test_left_padded_batch_matches_each_prompt_alone():
     alone = [model.generate(p, **kwargs)[0, p.shape[1] :] for p in (short, long)]
     assert torch.equal(together[0, 9:], alone[0])
     assert torch.equal(together[1, 9:], alone[1])
+
+
+def test_chunked_prefill_with_a_static_cache_gives_the_dynamic_cache_tokens():
+    model = random_model(skip_config(heads=9, kv=3, s=1))
+    prompt = ids(batch=2, length=11)
+    kwargs = dict(
+        max_new_tokens=6, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
+    )
+    dynamic = model.generate(prompt, **kwargs)
+    out = model.generate(
+        prompt,
+        cache_implementation="static",
+        prefill_chunk_size=4,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+    assert torch.equal(out.sequences, dynamic)
+    assert [layer.values.shape[1] for layer in out.cache.layers] == [3, 2, 2]
+
+
+def test_fullgraph_compiled_static_cache_decode_matches_eager():
+    assert SkipV1LlamaForCausalLM._can_compile_fullgraph
+    model = random_model(skip_config(heads=8, kv=4, s=2))
+    x = ids(batch=1, length=9)
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    with torch.no_grad():
+        full = model(x).logits
+        model(x[:, :8], cache=cache, use_cache=True)  # eager prefill prepares the cache
+        step = torch.compile(model.forward, fullgraph=True, backend="aot_eager")
+        out = step(x[:, 8:], cache=cache, use_cache=True, position_ids=torch.tensor([[8]]))
+    torch.testing.assert_close(out.logits[:, -1], full[:, -1], rtol=0, atol=1e-5)
+
+
+def test_eager_attention_weights_cover_every_query_head():
+    model = random_model(skip_config(heads=9, kv=3, s=1), attn="eager")
+    with torch.no_grad():
+        out = model(ids(length=7), output_attentions=True)
+    for weights in out.attentions:
+        assert weights.shape == (2, 9, 7, 7)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(2, 9, 7))

@@ -10,6 +10,7 @@ This file is copied next to converted weights (see `auto_map`), so it imports on
 and its sibling configuration file.
 """
 
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -44,23 +45,41 @@ class FirstLayerValues:
 
 
 class SkipV1StaticLayer(StaticLayer):
-    """A static cache layer whose value buffer is sized from the values it is given: later
-    SkipV1 layers store fewer value heads than key heads (transformers sizes both from the keys)."""
+    """A static cache layer for a later SkipV1 layer: its value buffer holds only the layer's own
+    value heads (transformers sizes keys and values alike, from the keys)."""
 
-    supports_early_init = False
+    def __init__(self, max_cache_len: int, value_heads: int | None = None, **kwargs):
+        super().__init__(max_cache_len, **kwargs)
+        self.value_heads = value_heads
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
-        if value_states.shape[1] != self.values.shape[1]:
-            shape = (self.batch_size, value_states.shape[1], self.max_cache_len, self.v_head_dim)
+        # early initialization passes the keys' head count for the values too
+        heads = self.value_heads or value_states.shape[1]
+        if self.values.shape[1] != heads:
+            shape = (self.batch_size, heads, self.max_cache_len, self.v_head_dim)
             self.values = torch.zeros(shape, dtype=value_states.dtype, device=self.device)
+            if not torch.compiler.is_compiling():
+                torch._dynamo.mark_static_address(self.values)
 
 
-def use_skipv1_static_layers(cache: Cache) -> None:
-    """Swap transformers' StaticLayers that hold nothing yet for SkipV1StaticLayers."""
-    for i, layer in enumerate(getattr(cache, "layers", [])):
-        if type(layer) is StaticLayer and not layer.is_initialized:
-            cache.layers[i] = SkipV1StaticLayer(max_cache_len=layer.max_cache_len)
+def use_skipv1_static_layers(cache: Cache, config: SkipV1LlamaConfig) -> None:
+    """Swap transformers' StaticLayers of later layers for SkipV1StaticLayers; an early
+    initialized layer (chunked prefill, export) that holds no token yet is re-initialized with
+    the layer's own value heads."""
+    if torch.compiler.is_compiling():  # compiled steps run on a cache an eager step prepared
+        return
+    layers = getattr(cache, "layers", [])
+    for i, layer in enumerate(layers):
+        own = config.own_value_heads(i)
+        if type(layer) is not StaticLayer or own == config.num_key_value_heads:
+            continue
+        if layer.is_initialized and int(layer.cumulative_length) != 0:
+            continue  # holds tokens written by another model: leave it alone
+        new = SkipV1StaticLayer(max_cache_len=layer.max_cache_len, value_heads=own)
+        if layer.is_initialized:
+            new.lazy_initialization(layer.keys[:, :, :0], layer.values[:, :own, :0])
+        layers[i] = new
 
 
 class SkipV1LlamaAttention(LlamaAttention):
@@ -109,27 +128,39 @@ class SkipV1LlamaAttention(LlamaAttention):
             raise ValueError(
                 "SkipV1LlamaAttention needs `first_layer_values` from SkipV1LlamaModel."
             )
-        if self.layer_idx == 0:
-            first_layer_values.value = value_states
-        elif self.own_value_heads < self.config.num_key_value_heads:
-            borrowed = first_layer_values.value[:, self.own_value_heads :]
-            if self.value_blend is not None:
-                borrowed = self.value_blend(hidden_states, borrowed)
-            value_states = torch.cat([value_states, borrowed], dim=1)
-
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        attn_output, attn_weights = attention_interface(
+        attend = functools.partial(
+            attention_interface,
             self,
-            query_states,
-            key_states,
-            value_states,
-            attention_mask,
+            attention_mask=attention_mask,
             dropout=0.0 if not self.training else self.attention_dropout,
             scaling=self.scaling,
             **kwargs,
         )
+        own = self.own_value_heads
+        if self.layer_idx == 0:
+            first_layer_values.value = value_states
+        if self.layer_idx == 0 or own == self.config.num_key_value_heads:
+            attn_output, attn_weights = attend(query_states, key_states, value_states)
+        else:
+            borrowed = first_layer_values.value[:, own:]
+            if self.value_blend is not None:
+                borrowed = self.value_blend(hidden_states, borrowed)
+            # Two attention calls over head slices instead of one over torch.cat([own, borrowed]):
+            # the concatenation would copy the layer's whole value cache at every decode step.
+            split = own * self.num_key_value_groups  # query heads served by the own KV heads
+            own_out, own_weights = attend(
+                query_states[:, :split], key_states[:, :own], value_states
+            )
+            borrowed_out, borrowed_weights = attend(
+                query_states[:, split:], key_states[:, own:], borrowed
+            )
+            attn_output = torch.cat([own_out, borrowed_out], dim=2)  # [batch, q_len, heads, d]
+            attn_weights = (
+                None if own_weights is None else torch.cat([own_weights, borrowed_weights], dim=1)
+            )
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         return self.o_proj(attn_output), attn_weights
 
@@ -169,12 +200,18 @@ class SkipV1LlamaPreTrainedModel(LlamaPreTrainedModel):
     config_class = SkipV1LlamaConfig
     config: SkipV1LlamaConfig
     _no_split_modules = ["SkipV1LlamaDecoderLayer"]
-    # torch.compile of the whole graph is untested with the value holder.
-    _can_compile_fullgraph = False
+    # fullgraph compile of the static-cache decode step is tested (tests/test_model_paths.py)
+    _can_compile_fullgraph = True
     _can_record_outputs = {
         "hidden_states": SkipV1LlamaDecoderLayer,
         "attentions": SkipV1LlamaAttention,
     }
+
+    def _prepare_static_cache(self, *args, **kwargs) -> Cache:
+        # generate() may initialize the cache before the first forward (chunked prefill)
+        cache = super()._prepare_static_cache(*args, **kwargs)
+        use_skipv1_static_layers(cache, self.config)
+        return cache
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -216,7 +253,7 @@ class SkipV1LlamaModel(SkipV1LlamaPreTrainedModel, LlamaModel):
         **kwargs,
     ) -> BaseModelOutputWithPast:
         if cache is not None:
-            use_skipv1_static_layers(cache)
+            use_skipv1_static_layers(cache, self.config)
         return LlamaModel.forward(
             self,
             input_ids=input_ids,
