@@ -73,7 +73,7 @@ def workdir(tmp_path_factory, tokenizer_dir) -> Path:
 def uptrain(workdir: Path, run: str, *args: str, nproc: int = 2, **popen) -> subprocess.Popen:
     cmd = [SKIPV1, "uptrain", str(workdir / "recipe.yaml"), "--run-dir", str(workdir / run)]
     cmd += ["--nproc", str(nproc), "--quiet", *args]
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", **popen.pop("env", {}))
     return subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
     )
@@ -239,3 +239,41 @@ def test_export_refuses_destinations_that_would_destroy_the_run(zero2_run, tmp_p
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, args
     assert sorted(p.name for p in zero2_run.iterdir()) == before
+
+
+class Payload:
+    """Unpickling this creates the file `marker`: proof that code ran."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_crafted_deepspeed_state_file_is_refused_by_export_and_resume(workdir, zero2_run):
+    crafted = workdir / "crafted"
+    shutil.copytree(zero2_run, crafted)
+    shutil.rmtree(crafted / "export", ignore_errors=True)
+    last = sorted((crafted / "checkpoints").glob("step_*"))[-1]
+    states = last / "mp_rank_00_model_states.pt"
+    marker = workdir / "pwned"
+    saved = torch.load(states, weights_only=True)
+    torch.save({**saved, "evil": Payload(marker)}, states)
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+
+    result = subprocess.run(
+        [SKIPV1, "export", str(crafted), str(workdir / "crafted-out")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--trust-checkpoint" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not marker.exists() and not (workdir / "crafted-out").exists()
+
+    proc = uptrain(workdir, "crafted", f"budget.tokens={(STEPS + 4) * 1024}")
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 2, err[-2000:]
+    assert "checkpoint.trust_pickles" in err
+    assert not marker.exists()

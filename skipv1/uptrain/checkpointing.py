@@ -195,8 +195,43 @@ def universal_copy(ckpt: Path, rank: int) -> Path:
     return out
 
 
-def load(engine, ckpt: Path, rank: int, world_size: int) -> dict:
+TRUST_HINT = "`checkpoint.trust_pickles: true` for uptrain, `--trust-checkpoint` for export"
+
+
+def deepspeed_state_classes() -> list[type]:
+    """The DeepSpeed classes its optimizer state files hold, beside tensors and plain data."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+def check_plain_pickles(ckpt: Path, trusted: bool) -> None:
+    """DeepSpeed unpickles its state files with weights_only=False, which runs any code a crafted
+    file holds. Unless the user trusts the directory, each file must first load under torch's
+    allow-list (weights_only=True; memory-mapped, so tensors are not read)."""
+    if trusted:
+        return
+    for file in sorted(ckpt.glob("*.pt")):
+        try:
+            with torch.serialization.safe_globals(deepspeed_state_classes()):
+                torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as err:
+            found = re.search(r"Unsupported global: GLOBAL [\w.]+", str(err))
+            reason = found.group(0) if found else "not plain data"
+            raise SkipV1Error(
+                f"{file} holds objects outside torch's weights-only allow-list ({reason}): not "
+                f"unpickling it, as that could run code; if you trust this run directory, pass "
+                f"{TRUST_HINT}"
+            ) from None
+        except RuntimeError as err:
+            raise SkipV1Error(f"{file} is damaged ({str(err).splitlines()[0][:200]})") from None
+
+
+def load(engine, ckpt: Path, rank: int, world_size: int, trusted: bool = False) -> dict:
     """Restores engine, scheduler and (same world size) RNG states; returns trainer state."""
+    check_plain_pickles(ckpt, trusted)
     state = read_state(ckpt)
     same_world = state["world_size"] == world_size
     source = ckpt if same_world else universal_copy(ckpt, rank)

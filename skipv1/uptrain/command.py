@@ -62,12 +62,19 @@ def export(
         typer.Option(help="A step_XXXXXXXX checkpoint directory (default: the latest complete)."),
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace DST if it exists.")] = False,
+    trust_checkpoint: Annotated[
+        bool,
+        typer.Option(
+            help="Unpickle DeepSpeed state files that hold more than tensors and plain data "
+            "(this can run code from the run directory: only for runs you trust)."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Export a run's checkpoint as a consolidated SkipV1 checkpoint (ZeRO shards merged)."""
     from .export import UPTRAIN_FILE, export_run
 
-    out = export_run(run_dir, dst, checkpoint, overwrite)
+    out = export_run(run_dir, dst, checkpoint, overwrite, trust_checkpoint)
     info = json.loads((out / UPTRAIN_FILE).read_text())
     if as_json:
         stdout.print_json(json.dumps({"path": str(out), **info}))

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SkipV1Error
-from .checkpointing import COMPLETE, complete_checkpoints, read_state
+from .checkpointing import COMPLETE, check_plain_pickles, complete_checkpoints, read_state
 from .gradual import strip_blend
 
 UPTRAIN_FILE = "skipv1_uptrain.json"
@@ -37,14 +37,15 @@ def gather_live_state_dict(engine, rank: int) -> dict | None:
     return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
 
-def checkpoint_state_dict(ckpt: Path) -> dict:
+def checkpoint_state_dict(ckpt: Path, trusted: bool = False) -> dict:
     """Full fp32 (ZeRO >= 1) or training-dtype (no ZeRO) weights from a checkpoint directory."""
+    check_plain_pickles(ckpt, trusted)
     state = read_state(ckpt)
     if state.get("zero_stage", 0) == 0:
         files = sorted(ckpt.glob("mp_rank_*_model_states.pt"))
         if not files:
             raise SkipV1Error(f"{ckpt} holds no model states file: the checkpoint is damaged")
-        return torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+        return torch.load(files[0], map_location="cpu", weights_only=not trusted)["module"]
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
@@ -162,7 +163,13 @@ def _fraction(value) -> str:
     return "unknown (budget.pretraining_tokens not set)" if value is None else f"{value * 100:.3g}%"
 
 
-def export_run(run_dir: Path, dst: Path, checkpoint: Path | None = None, overwrite=False) -> Path:
+def export_run(
+    run_dir: Path,
+    dst: Path,
+    checkpoint: Path | None = None,
+    overwrite: bool = False,
+    trusted: bool = False,
+) -> Path:
     """`skipv1 export`: the latest (or given) complete checkpoint of a run as an HF checkpoint."""
     ckpt = Path(checkpoint) if checkpoint else latest_checkpoint(run_dir)
     if not (ckpt / COMPLETE).is_file():
@@ -181,5 +188,5 @@ def export_run(run_dir: Path, dst: Path, checkpoint: Path | None = None, overwri
     info["final_eval_ppl"] = state.get("last_eval_ppl")
     recipe_file = Path(run_dir) / "recipe.yaml"
     recipe_yaml = recipe_file.read_text() if recipe_file.is_file() else ""
-    weights = checkpoint_state_dict(ckpt)
+    weights = checkpoint_state_dict(ckpt, trusted)
     return write_export(weights, Path(state["model_dir"]), dst, info, recipe_yaml, overwrite)

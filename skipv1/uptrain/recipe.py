@@ -93,6 +93,9 @@ class CheckpointSection:
     keep_last: int = 2
     resume: str = "auto"  # auto | never | PATH to a checkpoint directory
     dir: str | None = None  # default: RUN_DIR/checkpoints
+    # resume unpickles DeepSpeed state files only when they pass torch's weights-only
+    # allow-list; true skips the check (a crafted file could then run code)
+    trust_pickles: bool = False
 
 
 @dataclass

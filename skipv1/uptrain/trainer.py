@@ -72,7 +72,9 @@ class UptrainRecipe:
         self.engine, self.scheduler = initialize(model, optimizer, self._scheduler, self.ds_config)
         self.teacher = self._load_teacher()
         if resume:
-            state = checkpointing.load(self.engine, resume, env.rank, env.world_size)
+            state = checkpointing.load(
+                self.engine, resume, env.rank, env.world_size, r.checkpoint.trust_pickles
+            )
             self.start_step = state["step"]
             self.last_eval_ppl = state.get("last_eval_ppl")
             if env.is_main:
