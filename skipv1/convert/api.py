@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic_dir import atomic_workspace, remove_stale_workspaces
 from ..checkpoint_info import check_supported, is_skipv1, read_config
 from ..console import byte_progress, console
 from ..errors import SkipV1Error
@@ -32,7 +33,7 @@ from .plan import (
 )
 from .provenance import sha256_of, write_model_card, write_provenance
 from .reader import SourceWeights, download_from_hub, is_hub_id, iter_tensors, scan_weights
-from .writer import atomic_workspace, remove_stale_workspaces, write_shards
+from .writer import write_shards
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Sources named by a built-in name instead of a path (the model the demo and tiny-cpu use).

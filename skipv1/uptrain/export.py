@@ -1,6 +1,7 @@
 """Export: a consolidated checkpoint in the DESIGN.md format (save_pretrained, so config with
 `auto_map` and the modeling code next to the weights), the tokenizer, `skipv1_uptrain.json` and a
-model card. Written into a temp directory and renamed, so a half-written export never exists.
+model card. Written through skipv1.atomic_dir: DST is the old export, the new one or absent, never half
+written, and no temporary directory is left behind.
 
 Weights come from the live engine at the end of a run (ZeRO-3 parameters gathered), or, for
 `skipv1 export RUN_DIR DST`, from a checkpoint on disk (ZeRO shards merged by DeepSpeed's
@@ -8,12 +9,12 @@ Weights come from the live engine at the end of a run (ZeRO-3 parameters gathere
 """
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import torch
 
+from ..atomic_dir import atomic_workspace, remove_stale_workspaces
 from ..errors import SkipV1Error
 from .checkpointing import COMPLETE, check_plain_pickles, complete_checkpoints, read_state
 from .gradual import strip_blend
@@ -101,19 +102,23 @@ def write_export(
         )
     if tied:
         model.tie_weights()
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust).save_pretrained(tmp)
-    provenance = Path(model_dir) / "skipv1_conversion.json"
-    if provenance.is_file():
-        shutil.copy(provenance, tmp / provenance.name)
-    (tmp / UPTRAIN_FILE).write_text(json.dumps(info, indent=2) + "\n")
-    (tmp / "README.md").write_text(model_card(info, recipe_yaml))
-    if dst.exists():
-        shutil.rmtree(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(dst)
+    remove_stale_workspaces(dst)
+    with atomic_workspace(dst, overwrite) as work:
+        out = work / "out"
+        model.save_pretrained(out)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust)
+        except (OSError, ValueError) as err:
+            raise SkipV1Error(
+                f"cannot load the tokenizer of {model_dir} ({str(err).splitlines()[0][:200]}): "
+                "restore its tokenizer files and rerun; nothing was written"
+            ) from None
+        tokenizer.save_pretrained(out)
+        provenance = Path(model_dir) / "skipv1_conversion.json"
+        if provenance.is_file():
+            shutil.copy(provenance, out / provenance.name)
+        (out / UPTRAIN_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        (out / "README.md").write_text(model_card(info, recipe_yaml))
     return dst
 
 

@@ -1,0 +1,116 @@
+"""One atomic-directory helper for every command that writes a directory (convert, export):
+a temporary workspace beside DST whose `out/` is renamed to DST on success and which is removed
+on any error, Ctrl-C or SIGTERM, so DST is either the old one, the new one, or absent."""
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import SkipV1Error
+
+TMP_MARK = ".skipv1-tmp-"
+
+
+def workspace_path(dst: Path, pid: int | None = None) -> Path:
+    return dst.parent / f".{dst.name}{TMP_MARK}{os.getpid() if pid is None else pid}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_workspaces(dst: Path) -> list[Path]:
+    """Removes temporary directories of earlier conversions to DST whose process is gone
+    (killed with SIGKILL, or the machine went down)."""
+    removed = []
+    for path in dst.parent.glob(f".{dst.name}{TMP_MARK}*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+class _Signals:
+    """SIGINT and SIGTERM raise at once (KeyboardInterrupt, SystemExit(143)) so that cleanup runs;
+    the signal is remembered because a library can turn the exception into another one
+    (safetensors reports a KeyboardInterrupt inside get_tensor as a ValueError)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def handler(self, signum, frame):
+        self.received = signum
+        raise self.exception()
+
+    def exception(self) -> BaseException:
+        if self.received == signal.SIGINT:
+            return KeyboardInterrupt()
+        return SystemExit(128 + (self.received or signal.SIGTERM))
+
+    @contextlib.contextmanager
+    def raising(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self.handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        except Exception:
+            if self.received is not None:
+                raise self.exception() from None
+            raise
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def atomic_workspace(dst: Path, overwrite: bool) -> Iterator[Path]:
+    """Yields a fresh workspace; its `out/` becomes DST when the block succeeds. Anything else
+    (exception, Ctrl-C, SIGTERM) removes the workspace and leaves DST as it was."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    work = workspace_path(dst)
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "out").mkdir(parents=True)
+    try:
+        with _Signals().raising():
+            yield work
+            _publish(work, dst, overwrite)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish(work: Path, dst: Path, overwrite: bool) -> None:
+    # safetensors creates files 0600; give the output the permissions the user's umask asks for.
+    mode = 0o666 & ~_umask()
+    for path in (work / "out").rglob("*"):
+        if path.is_file():
+            path.chmod(mode)
+    if dst.exists() or dst.is_symlink():
+        if not overwrite:  # another process created it while we were converting
+            raise SkipV1Error(f"{dst} appeared while it was being written: nothing was replaced")
+        # Move the old one aside first so DST is never a mix of old and new files.
+        os.rename(dst, work / "previous")
+    try:
+        os.rename(work / "out", dst)
+    except OSError:
+        if (work / "previous").exists():
+            os.rename(work / "previous", dst)
+        raise

@@ -1,0 +1,41 @@
+"""skipv1.uptrain.export.write_export goes through the atomic-directory helper: a failure in the
+middle of an export leaves the previous export as it was and no temporary directory."""
+
+import shutil
+
+import pytest
+import torch
+from factories import tiny_config
+
+from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
+from skipv1.errors import SkipV1Error
+from skipv1.uptrain.export import write_export
+
+
+def snapshot(path):
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def test_failed_export_keeps_the_old_destination_and_leaves_no_temp_dir(tmp_path, tokenizer_dir):
+    fields = tiny_config().to_dict()
+    for key in ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype"):
+        fields.pop(key, None)
+    torch.manual_seed(0)
+    model = SkipV1LlamaForCausalLM(SkipV1LlamaConfig(**fields, skip_v_heads=2))
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    for file in tokenizer_dir.iterdir():
+        shutil.copy(file, model_dir / file.name)
+    info = {"dtype": "float32", "model": str(model_dir), "tokens": 0, "steps": 0}
+    info.update(tokens_per_step=1, train_flops=0.0, skip_v_heads=2)
+    dst = tmp_path / "exports" / "final"
+    write_export(model.state_dict(), model_dir, dst, info, "")
+    before = snapshot(dst)
+
+    for file in tokenizer_dir.iterdir():  # the export now fails after writing the weights
+        (model_dir / file.name).unlink()
+    changed = {k: v + 1 for k, v in model.state_dict().items()}
+    with pytest.raises(SkipV1Error, match="cannot load the tokenizer"):
+        write_export(changed, model_dir, dst, info, "", overwrite=True)
+    assert snapshot(dst) == before
+    assert sorted(p.name for p in dst.parent.iterdir()) == ["final"]
