@@ -215,6 +215,15 @@ class SkipV1LlamaPreTrainedModel(LlamaPreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        distributed = kwargs.get("distributed_config")
+        if kwargs.get("tp_plan") or kwargs.get("tp_size") or getattr(distributed, "tp_plan", None):
+            # transformers' Llama plan splits each later layer's own value rows evenly across
+            # ranks, while a rank's borrowed heads follow its key heads: wrong logits, silently.
+            raise ValueError(
+                "tensor parallelism is not supported for SkipV1 checkpoints yet (the borrowed value "
+                "heads would not be sharded like each rank's own heads, giving wrong logits): "
+                "load without tp_plan/tp_size"
+            )
         path = pretrained_model_name_or_path
         if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
             config = kwargs.get("config")
