@@ -45,7 +45,16 @@ def is_skipv1(config: dict) -> bool:
 
 def architecture(config: dict) -> str:
     archs = config.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise SkipV1Error(
+            f"config.json field 'architectures' is {archs!r}: it must be a list of class names "
+            'such as ["LlamaForCausalLM"]'
+        )
     return archs[0] if archs else f"<{config.get('model_type', 'unknown')}>"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_supported(config: dict) -> None:
@@ -63,9 +72,16 @@ def check_supported(config: dict) -> None:
         "vocab_size",
         "intermediate_size",
     ):
-        if not isinstance(config.get(key), int):
+        if not _is_int(config.get(key)) or config[key] <= 0:
             raise SkipV1Error(
-                f"config.json lacks an integer {key!r}: it is not a complete {arch} config"
+                f"config.json lacks a positive integer {key!r} (it is {config.get(key)!r}): it is "
+                f"not a complete {arch} config"
+            )
+    for key in ("num_key_value_heads", "head_dim", "skip_v_heads"):
+        value = config.get(key)
+        if value is not None and (not _is_int(value) or value < 0):
+            raise SkipV1Error(
+                f"config.json field {key!r} is {value!r}: it must be a non-negative integer"
             )
 
 

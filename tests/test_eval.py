@@ -3,6 +3,7 @@ against the formula, the JSON and PNG outputs, lm-eval offline, and one-line err
 
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -295,11 +296,31 @@ def without_weights(src: Path, dst: Path) -> Path:
     return dst
 
 
+def cut_weights(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    data = (dst / "model.safetensors").read_bytes()
+    (dst / "model.safetensors").write_bytes(data[: len(data) // 2])
+    return dst
+
+
+def corrupt_header(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    data = bytearray((dst / "model.safetensors").read_bytes())
+    data[8:20] = b"#" * 12  # the JSON header's first bytes
+    (dst / "model.safetensors").write_bytes(bytes(data))
+    return dst
+
+
 # case -> (args from (tmp_path, source checkpoint), text the one-line error must contain)
 BAD_INPUTS = {
     "unknown model path": (lambda t, s: [t / "nope"], "does not exist"),
     "not a model dir": (lambda t, s: [t], "no config.json"),
-    "no weights": (lambda t, s: [s, without_weights(s, t / "light")], "has no weights"),
+    "no weights": (lambda t, s: [s, without_weights(s, t / "light")], "holds no weights"),
+    "truncated safetensors": (lambda t, s: [s, cut_weights(s, t / "cut")], "is truncated"),
+    "corrupt safetensors header": (
+        lambda t, s: [s, corrupt_header(s, t / "corrupt")],
+        "corrupt safetensors header",
+    ),
     "missing data file": (lambda t, s: [s, "--data", t / "no.txt"], "no data files match"),
     "unreadable data": (
         lambda t, s: [s, "--data", write(t / "bad.jsonl", "{not json\n")],

@@ -77,3 +77,22 @@ def test_inspect_bad_inputs_exit_2_with_one_line(tmp_path):
         assert result.exit_code == 2, (path, result.output)
         assert message in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_inspect_config_fields_of_the_wrong_type_are_named(tmp_path):
+    cases = {
+        "nested architectures": ({"architectures": [["LlamaForCausalLM"]]}, "'architectures'"),
+        "string kv heads": ({"num_key_value_heads": "3"}, "'num_key_value_heads' is '3'"),
+        "string skip": ({"skip_v_heads": "1"}, "'skip_v_heads' is '1'"),
+        "negative head_dim": ({"head_dim": -64}, "'head_dim' is -64"),
+        "float layers": ({"num_hidden_layers": 30.5}, "'num_hidden_layers'"),
+        "bool hidden": ({"hidden_size": True}, "'hidden_size'"),
+    }
+    for name, (override, message) in cases.items():
+        path = tmp_path / name.replace(" ", "-")
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({**SMOLLM2_SHAPE, **override}))
+        result = run("inspect", path)
+        assert result.exit_code == 2, (name, result.output)
+        assert message in result.stderr, (name, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, name

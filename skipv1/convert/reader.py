@@ -156,7 +156,7 @@ def _safetensors_refs(path: Path) -> list[TensorRef]:
     for name, (shape, dtype) in meta.items():
         if dtype not in SAFETENSORS_DTYPES:
             raise SkipV1Error(
-                f"{path.name}: tensor {name} has dtype {dtype}; only float checkpoints convert "
+                f"{path.name}: tensor {name} has dtype {dtype}; only float checkpoints are supported "
                 "(dequantize a quantized checkpoint first)"
             )
         refs.append(TensorRef(name, path.name, shape, SAFETENSORS_DTYPES[dtype]))

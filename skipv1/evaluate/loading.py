@@ -50,23 +50,14 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
-
-
 def check_model_dir(path: "str | Path") -> dict:
     """Config and weight-file validation, run for every model before any weights are read, so
     that a bad last model fails the run at once rather than after the others were measured."""
+    from ..convert.reader import scan_weights
+
     config = read_config(path)
     check_supported(config)
-    if not any((Path(path) / name).is_file() for name in WEIGHT_FILES):
-        raise SkipV1Error(
-            f"{path} has no weights ({' or '.join(WEIGHT_FILES[::2])}): give a complete checkpoint"
-        )
+    scan_weights(Path(path))  # every shard's header, as convert checks them
     return config
 
 
