@@ -101,6 +101,11 @@ def describe(path: "str | Path", skip_v_heads: int | None = None) -> dict:
         if converted
         else (default_skip_heads(layout.num_kv_heads) if skip_v_heads is None else skip_v_heads)
     )
+    if not 0 <= s < layout.num_kv_heads:
+        raise SkipV1Error(
+            f"--skip-heads {s} is out of range for {layout.num_kv_heads} KV heads: give 0 to "
+            f"{layout.num_kv_heads - 1} (each later layer keeps at least one value head)"
+        )
     source_bytes = layout.with_skip(0).bytes_per_token(2)
     skip_bytes = layout.with_skip(s).bytes_per_token(2)
     return {

@@ -96,3 +96,12 @@ def test_inspect_config_fields_of_the_wrong_type_are_named(tmp_path):
         assert result.exit_code == 2, (name, result.output)
         assert message in result.stderr, (name, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, name
+
+
+def test_inspect_skip_heads_out_of_range_is_refused(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(SMOLLM2_SHAPE))
+    for s in (3, 5, -1):
+        result = run("inspect", tmp_path / "m", "--skip-heads", s)
+        assert result.exit_code == 2, (s, result.output)
+        assert "out of range for 3 KV heads" in result.stderr, (s, result.stderr)

@@ -277,3 +277,30 @@ def test_crafted_deepspeed_state_file_is_refused_by_export_and_resume(workdir, z
     assert proc.returncode == 2, err[-2000:]
     assert "checkpoint.trust_pickles" in err
     assert not marker.exists()
+
+
+def test_a_second_run_on_a_run_dir_in_use_is_refused_and_a_kill_frees_it(workdir):
+    long_run = ("deepspeed.zero_stage=0", f"budget.tokens={400 * 1024}", "checkpoint.every=0")
+    first = uptrain(workdir, "locked", *long_run, nproc=1)
+    lock = workdir / "locked" / ".lock"
+    deadline = time.time() + 120
+    while not (lock.is_file() and "pid" in lock.read_text()) and time.time() < deadline:
+        assert first.poll() is None, first.communicate()[1][-2000:]
+        time.sleep(0.2)
+    second = uptrain(workdir, "locked", *long_run, nproc=1)
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 2, err[-2000:]
+    assert "is in use by a running uptrain" in err and len(err.strip().splitlines()) == 1
+    first.kill()  # kill -9: the OS releases the lock
+    first.communicate()
+    finish(uptrain(workdir, "locked", "deepspeed.zero_stage=0", nproc=1))
+    steps = [r["step"] for r in read_metrics(workdir / "locked") if "loss" in r]
+    assert steps == list(range(1, STEPS + 1))  # the killed run's rows are gone
+
+
+def test_seq_len_beyond_the_model_positions_is_refused(workdir):
+    proc = uptrain(workdir, "long", "data.seq_len=512", "deepspeed.zero_stage=0", nproc=1)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err[-2000:]
+    assert "more than the model's 256 positions" in err
+    assert len(err.strip().splitlines()) == 1

@@ -5,6 +5,7 @@ clipping. Every rank runs this same code (torchrun, the DeepSpeed launcher, or o
 import json
 import logging
 import math
+import os
 import time
 import warnings
 from pathlib import Path
@@ -53,9 +54,16 @@ class UptrainRecipe:
         _quiet_libraries(env.is_main)
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = lock_run_dir(self.run_dir)
         self.model_dir = self._model_dir()
         self.model_config = read_config(self.model_dir)
         check_supported(self.model_config)
+        positions = self.model_config.get("max_position_embeddings")
+        if isinstance(positions, int) and r.data.seq_len > positions:
+            raise SkipV1Error(
+                f"`data.seq_len` is {r.data.seq_len}, more than the model's {positions} positions "
+                "(max_position_embeddings): lower data.seq_len"
+            )
         self.total_steps = total_steps(r)
         self.tokenizer = _load_tokenizer(self.model_dir, r.model.trust_remote_code)
         self.train_data = make_train_batches(r, self.tokenizer)
@@ -77,8 +85,8 @@ class UptrainRecipe:
             )
             self.start_step = state["step"]
             self.last_eval_ppl = state.get("last_eval_ppl")
-            if env.is_main:
-                truncate_metrics(self.run_dir, self.start_step)
+        if env.is_main:  # a fresh start drops rows of a run that died before its first checkpoint
+            truncate_metrics(self.run_dir, self.start_step if resume else -1)
         self.metrics = MetricsLogger(
             self.run_dir, r, env.is_main, self.total_steps, self.start_step
         )
@@ -422,6 +430,28 @@ def run(recipe: Recipe) -> None:
         trainer.close()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def lock_run_dir(run_dir: Path):
+    """An exclusive lock on RUN_DIR/.lock for this process's life (the OS drops it when the
+    process dies, even by kill -9): a second run on the same directory is refused."""
+    import fcntl
+
+    handle = open(run_dir / ".lock", "a+")  # noqa: SIM115  (held until the process exits)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        raise SkipV1Error(
+            f"{run_dir} is in use by a running uptrain ({owner}): wait for it to finish, stop it, "
+            "or give another --run-dir"
+        ) from None
+    handle.truncate(0)
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 def _load_tokenizer(model_dir: Path, trust_remote_code: bool):
