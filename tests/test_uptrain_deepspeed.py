@@ -180,6 +180,7 @@ def test_a_rank_data_error_is_one_line_exit_2(workdir):
     assert proc.returncode == 2
     assert err.strip().splitlines()[-1].startswith("error: the train data gives")
     assert "fewer than one global batch" in err
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
 
 
 def test_source_is_converted_on_the_fly_single_process_zero0(checkpoint, tmp_path, workdir):
@@ -272,7 +273,7 @@ def test_crafted_deepspeed_state_file_is_refused_by_export_and_resume(workdir, z
     assert "--trust-checkpoint" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not marker.exists() and not (workdir / "crafted-out").exists()
 
-    proc = uptrain(workdir, "crafted", f"budget.tokens={(STEPS + 4) * 1024}")
+    proc = uptrain(workdir, "crafted")
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 2, err[-2000:]
     assert "checkpoint.trust_pickles" in err
@@ -304,3 +305,15 @@ def test_seq_len_beyond_the_model_positions_is_refused(workdir):
     assert proc.returncode == 2, err[-2000:]
     assert "more than the model's 256 positions" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_resume_with_a_changed_training_key_is_refused_by_name(workdir, zero2_run):
+    changed = workdir / "changed"
+    shutil.copytree(zero2_run, changed)
+    proc = uptrain(workdir, "changed", "optim.lr=1e-3", f"budget.tokens={(STEPS + 4) * 1024}")
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 2, err[-2000:]
+    assert "the recipe changed since the checkpoint" in err and "`optim.lr` 0.003 -> 0.001" in err
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+    # keys that do not change the training may differ
+    finish(uptrain(workdir, "changed", "eval.blocks=4", "log.every=3"))

@@ -49,7 +49,8 @@ def uptrain(
     try:
         run(loaded)
     except SkipV1Error as err:
-        report_error(str(err))
+        if report_error(str(err)):
+            raise typer.Exit(err.exit_code) from None
         raise
 
 

@@ -52,9 +52,13 @@ def launch_local(recipe: Path | None, overrides: list[str], nproc: int) -> int:
         return rc
 
 
-def report_error(message: str) -> None:
-    """Called by a rank that fails with a SkipV1Error, for the launching process to print."""
+def report_error(message: str) -> bool:
+    """Called by a rank that fails with a SkipV1Error. Under `skipv1 uptrain --nproc N` the
+    message goes to the launching process, which prints it once; under another launcher only
+    rank 0 prints. Returns True when this rank must exit without printing."""
     path = os.environ.get(ERROR_FILE_ENV)
     if path:
         with open(path, "a") as f:
             f.write(" ".join(message.split()) + "\n")
+        return True
+    return os.environ.get("RANK", "0") != "0"

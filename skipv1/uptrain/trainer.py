@@ -73,6 +73,7 @@ class UptrainRecipe:
         saved = checkpointing.read_state(resume) if resume else None
         if saved:
             self._check_same_data(saved)
+            check_resume_recipe(saved.get("recipe"), r.to_dict())
         universal = saved is not None and saved["world_size"] != env.world_size
         self.ds_config = deepspeed_config(r, env.world_size, load_universal=universal)
         model = self._load_model()
@@ -389,6 +390,7 @@ class UptrainRecipe:
             "data": self._data_fingerprint(),
             "last_eval_ppl": self.last_eval_ppl,
             "export_info": self.plan(),
+            "recipe": self.recipe.to_dict(),
         }
         return checkpointing.save(
             self.engine, self.ckpt_dir, state, self.env.rank, self.recipe.checkpoint.keep_last
@@ -430,6 +432,48 @@ def run(recipe: Recipe) -> None:
         trainer.close()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+# Recipe keys a resumed run may change: they do not alter what the run computes.
+RESUMABLE_CHANGES = (
+    "log.",
+    "eval.",
+    "checkpoint.",
+    "deepspeed.offload_optimizer",
+    "deepspeed.offload_params",
+    "deepspeed.config",
+    "export",
+    "run_dir",
+)
+
+
+def check_resume_recipe(saved: dict | None, now: dict) -> None:
+    """Refuses a resume whose recipe differs from the checkpoint's in a key that changes the
+    training (the run would go on with the old values while recipe.yaml shows the new ones)."""
+    if saved is None:  # a checkpoint written before the recipe was saved in it
+        return
+    old, new = _flatten(saved), _flatten(now)
+    changed = [
+        k
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k) and not k.startswith(RESUMABLE_CHANGES)
+    ]
+    if changed:
+        shown = ", ".join(f"`{k}` {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:3])
+        raise SkipV1Error(
+            f"cannot resume: the recipe changed since the checkpoint ({shown}); restore the "
+            "checkpoint's values, or give a new --run-dir to train with the new ones"
+        )
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def lock_run_dir(run_dir: Path):
