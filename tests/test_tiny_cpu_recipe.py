@@ -34,7 +34,10 @@ def test_tiny_cpu_recipe_runs_as_written(tmp_path):
         "checkpoint.every=1",
     ]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    # a hang guard, generous for a loaded machine (alone it takes a few minutes)
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=1500, env=env, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((run / "converted" / "skipv1_conversion.json").read_text())
     assert record["init"] == "reconstruct" and record["source"] == "builtin:smollm2"
