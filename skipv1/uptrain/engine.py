@@ -8,6 +8,7 @@ on CUDA), DeepSpeedCPUAdam when the optimizer state is offloaded to CPU (DeepSpe
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,38 @@ def dist_env() -> DistEnv:
     return DistEnv(rank, world, local, device)
 
 
+STALE_BUILD_LOCK_S = 600  # the op builds in about a minute; an older lock was left by a kill
+
+
+def shm_build_lock() -> Path:
+    """Where torch's extension builder locks the build of DeepSpeed's CPU communication op."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory("deepspeed_shm_comm", verbose=False)) / "lock"
+
+
+def check_build_lock() -> None:
+    """DeepSpeed JIT-builds its CPU op on first use; a run killed during the build leaves the
+    lock behind and every later run would wait on it forever without a word."""
+    lock = shm_build_lock()
+    if not lock.exists():
+        return
+    age = time.time() - lock.stat().st_mtime
+    if age > STALE_BUILD_LOCK_S:
+        raise SkipV1Error(
+            f"DeepSpeed's build lock {lock} is {age / 60:.0f} minutes old: a killed run left it "
+            "(a build takes about a minute); remove that file if no other uptrain is starting, "
+            "then rerun"
+        )
+    from ..console import console
+
+    console.print(
+        f"waiting for another process building DeepSpeed's CPU op (lock {lock}); if none is, "
+        "remove that file",
+        highlight=False,
+    )
+
+
 def init_distributed(env: DistEnv) -> None:
     """NCCL on GPUs, gloo on CPU; a single process still gets a (1-rank) group for DeepSpeed."""
     import deepspeed
@@ -57,8 +90,9 @@ def init_distributed(env: DistEnv) -> None:
     os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
     if env.device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
-        if "OMP_NUM_THREADS" not in os.environ or local_world == 1:
+        if "OMP_NUM_THREADS" not in os.environ:  # an explicit setting is the user's to make
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        check_build_lock()
     if not dist.is_initialized():
         backend = "nccl" if env.device.type == "cuda" else "gloo"
         deepspeed.init_distributed(dist_backend=backend, verbose=False)
