@@ -11,7 +11,7 @@ Stages (each reused when a rerun finds it finished, in --work-dir):
 3. source: a random-init MHA Llama pretrained from scratch for T tokens with `skipv1 uptrain`
    (`converged`: ~21 tokens per parameter).
 4. arms (ARMS below), each continued from the source for 15% of T with the same schedule and
-   hyperparameters, 1 or 3 seeds (data orders), validation perplexity every 1% of T.
+   hyperparameters, 1 or SEEDS seeds (data orders), validation perplexity every 1% of T.
 5. report: docs/results/recovery.md, .png, .json (recovery-SCALE.* for the other scales;
    --out for another folder).
 """
@@ -520,7 +520,7 @@ started under `nice`):
 - Arms: each continues from the source for 15% of T = {15 * scale.steps_per_pct} steps
   ({15 * scale.steps_per_pct * scale.batch_tokens:,} tokens), AdamW peak lr {scale.arm_lr:g}
   ({lr_note}), 10% warmup, cosine to 10%, weight decay 0.1, clip 1.0, fp32, one process
-  (ZeRO-0). Seeds are data orders (`data.seed` 2, 3, 4): seed k of every arm sees the same
+  (ZeRO-0). Seeds are data orders (`data.seed` 2, 3, ...): seed k of every arm sees the same
   batches. Validation perplexity every 1% of T on the first {scale.eval_blocks} validation
   blocks of {scale.seq_len} tokens (the same blocks for all).
   SkipV1 arms: s = {scale.heads // 2} of {scale.heads} KV heads (`skipv1 convert --skip-heads
