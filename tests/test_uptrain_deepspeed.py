@@ -198,6 +198,7 @@ def test_source_is_converted_on_the_fly_single_process_zero0(checkpoint, tmp_pat
     }
     recipe["budget"] = {"tokens": 2048, "pretraining_tokens": 10**9}
     recipe["deepspeed"] = {"zero_stage": 0}
+    recipe["distill"] = {"teacher": "source"}  # the run's own source model
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     run = tmp_path / "run"
     cmd = [SKIPV1, "uptrain", str(tmp_path / "r.yaml"), "--run-dir", str(run), "--quiet"]
@@ -211,6 +212,7 @@ def test_source_is_converted_on_the_fly_single_process_zero0(checkpoint, tmp_pat
     assert (record["calibration"]["tokens"], record["calibration"]["seq_len"]) == (512, 64)
     assert record["calibration"]["data"] == calib["calib_data"]
     assert sorted(train_losses(run)) == [1, 2]
+    assert all("distill_kl" in r for r in read_metrics(run) if "loss" in r)
     offline = tmp_path / "offline"
     assert subprocess.run([SKIPV1, "export", str(run), str(offline)]).returncode == 0
     from safetensors.torch import load_file

@@ -109,7 +109,8 @@ class LogSection:
 
 @dataclass
 class DistillSection:
-    teacher: str | None = None  # frozen teacher checkpoint (usually the source); null: no KL term
+    # frozen teacher checkpoint; `source`: the run's source model; null: no KL term
+    teacher: str | None = None
     alpha: float = 0.5  # loss = (1 - alpha) * CE + alpha * T^2 * KL(teacher || student)
     temperature: float = 1.0  # T, applied to both logits
 
@@ -353,10 +354,10 @@ def _check_distill(d: DistillSection) -> None:
         raise SkipV1Error(f"`distill.alpha` is {d.alpha}: it must be in [0, 1]")
     if d.temperature <= 0:
         raise SkipV1Error(f"`distill.temperature` is {d.temperature}: it must be positive")
-    if d.teacher is not None and not (Path(d.teacher) / "config.json").is_file():
+    if d.teacher not in (None, "source") and not (Path(d.teacher) / "config.json").is_file():
         raise SkipV1Error(
             f"`distill.teacher` {d.teacher} is not a checkpoint directory with a config.json: "
-            "give the source model's directory, or null to train without distillation"
+            "give the source model's directory, `source`, or null to train without distillation"
         )
 
 

@@ -35,6 +35,7 @@ from .gradual import GradualConversion
 from .metrics import MetricsLogger, truncate_metrics
 from .recipe import Recipe, total_steps
 from .schedule import make_scheduler
+from .teacher import resolve_teacher
 
 
 class UptrainRecipe:
@@ -56,6 +57,7 @@ class UptrainRecipe:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._lock = lock_run_dir(self.run_dir)
         self.model_dir = self._model_dir()
+        self.teacher_dir = self._teacher_dir()
         self.model_config = read_config(self.model_dir)
         check_supported(self.model_config)
         positions = self.model_config.get("max_position_embeddings")
@@ -116,6 +118,14 @@ class UptrainRecipe:
             )
         _barrier()
         return target
+
+    def _teacher_dir(self) -> Path | None:
+        """distill.teacher as a directory (`source` resolved; rank 0 stages a GGUF first)."""
+        teacher = resolve_teacher(self.recipe, self.run_dir) if self.env.is_main else None
+        _barrier()
+        if not self.env.is_main:
+            teacher = resolve_teacher(self.recipe, self.run_dir)
+        return teacher
 
     def _eval_blocks(self) -> np.ndarray | None:
         r, ws = self.recipe, self.env.world_size
@@ -190,17 +200,16 @@ class UptrainRecipe:
             )
         source = m.source if m.source and (Path(m.source) / "config.json").is_file() else None
         ramp = max(1, round(m.gradual_fraction * self.total_steps))
-        return GradualConversion(model, Path(source or self.recipe.distill.teacher), ramp)
+        return GradualConversion(model, Path(source or self.teacher_dir), ramp)
 
     def _load_teacher(self) -> torch.nn.Module | None:
         """The frozen teacher, replicated whole on every rank (also under ZeRO-3: it is loaded
         after the student, with no DeepSpeed config alive, so nothing partitions it)."""
-        d = self.recipe.distill
-        if d.teacher is None:
+        if self.teacher_dir is None:
             return None
         from transformers import AutoModelForCausalLM
 
-        config = read_config(Path(d.teacher))
+        config = read_config(self.teacher_dir)
         check_supported(config)
         if config["vocab_size"] != self.model_config["vocab_size"]:
             raise SkipV1Error(
@@ -208,7 +217,7 @@ class UptrainRecipe:
                 f"{self.model_config['vocab_size']}: the teacher must share the tokenizer"
             )
         teacher = AutoModelForCausalLM.from_pretrained(
-            d.teacher,
+            self.teacher_dir,
             dtype=DTYPES[self.recipe.model.dtype],
             trust_remote_code=self.recipe.model.trust_remote_code,
         )
@@ -240,9 +249,8 @@ class UptrainRecipe:
         params = count_parameters(self.model_config)
         source_params = count_parameters(self.model_config, 0)
         tokens = self.total_steps * r.batch.global_batch_tokens
-        teacher_params = (
-            count_parameters(read_config(Path(r.distill.teacher))) if r.distill.teacher else 0
-        )
+        teacher = self.teacher_dir
+        teacher_params = count_parameters(read_config(teacher)) if teacher else 0
         teacher_flops = 2 * teacher_params * tokens  # forward only
         flops = 6 * params * tokens + teacher_flops
         pre = r.budget.pretraining_tokens
@@ -254,7 +262,7 @@ class UptrainRecipe:
             "steps": self.total_steps,
             "tokens_per_step": r.batch.global_batch_tokens,
             "train_flops": flops,
-            "teacher": r.distill.teacher,
+            "teacher": str(teacher) if teacher else None,
             "teacher_parameters": teacher_params,
             "teacher_flops": teacher_flops,
             "pretraining_fraction": flops / (6 * source_params * pre) if pre else None,
