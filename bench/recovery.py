@@ -37,9 +37,8 @@ VOCAB = 4096
 MIN_LR_RATIO = 0.1  # cosine schedules end at this fraction of their peak lr
 
 
-# Data orders per key arm. The issue asks for 3; 2 is what fit one 3-hour session on 2 CPU
-# cores next to the rest of the work (each distilled arm is ~14 minutes there).
-SEEDS = 2
+# Data orders per key arm (the gradual arm has one: it is not the best arm).
+SEEDS = 3
 
 
 @dataclass(frozen=True)
