@@ -332,8 +332,10 @@ def ppl_at(curve: list[tuple[float, float]], pct: float) -> float:
     return curve[-1][1]
 
 
-def first_reach(curve: list[tuple[float, float]], target: float) -> float | None:
-    return next((pct for pct, ppl in curve if ppl <= target), None)
+def first_reach(curve: list[tuple[float, float]], target: float, start: float = 0) -> float | None:
+    """First % of T at or below `target`, counted from `start` (a gradual arm is only converted
+    once its ramp has ended)."""
+    return next((pct for pct, ppl in curve if ppl <= target and pct >= start), None)
 
 
 def seed_dirs(root: Path, arm: str) -> list[Path]:
@@ -353,10 +355,11 @@ def summarize(root: Path, scale: Scale, source: Path) -> dict:
             "compute_per_pct": compute_fraction(model, source, spec.distill, 1.0),
         }
     src_ppl = arms["A"]["curves"][0][0][1]  # the source itself, on the same eval blocks
-    for info in arms.values():
+    for arm, info in arms.items():
+        start = ARMS[arm].gradual * 15  # % of T where the ramp ends
         info["step0"] = info["mean_curve"][0][1]
-        info["reach"] = first_reach(info["mean_curve"], src_ppl)
-        info["reach_per_seed"] = [first_reach(c, src_ppl) for c in info["curves"]]
+        info["reach"] = first_reach(info["mean_curve"], src_ppl, start)
+        info["reach_per_seed"] = [first_reach(c, src_ppl, start) for c in info["curves"]]
         info["at"] = {
             str(p): {
                 "mean": ppl_at(info["mean_curve"], p),
@@ -527,7 +530,8 @@ started under `nice`):
   training-split tokens. Distillation: alpha 0.5, T 1.0 (FLOPs include the teacher's forward,
   2 x params x tokens). Gradual conversion: `model.gradual_fraction: 0.3` from a `--init keep`
   conversion (`skipv1/uptrain/gradual.py`): the borrowed heads' values move linearly from the
-  layer's own source values to layer 0's over the first 30% of the steps. GQA: K and V heads
+  layer's own source values to layer 0's over the first 30% of the steps (4.5% of T; its
+  "reaches" column counts from there, when the model is a SkipV1 model). GQA: K and V heads
   mean-pooled in adjacent pairs (`skipv1.convert.gqa`), a plain Llama checkpoint.
 - Compute column: training FLOPs of the arm's 15% of T (6 x its parameters x tokens, plus
   2 x the teacher's parameters x tokens with distillation) as a share of the source's
