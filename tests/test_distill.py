@@ -69,6 +69,8 @@ def test_gradient_flows_only_to_the_student(tmp_path):
     trainer = UptrainRecipe.__new__(UptrainRecipe)
     trainer.recipe, trainer.env = recipe, DistEnv(0, 1, 0, torch.device("cpu"))
     trainer.model_config = tiny_config().to_dict()
+    trainer.run_dir = tmp_path
+    trainer.teacher_dir = trainer._teacher_dir()
     trainer.teacher = trainer._load_teacher()
     student = LlamaForCausalLM(tiny_config()).train()
     student.backward = lambda loss: loss.backward()  # what the engine's backward amounts to
