@@ -146,3 +146,12 @@ def test_recipe_refuses_gradual_conversion_it_cannot_start_from_the_source(check
     with pytest.raises(SkipV1Error, match="gradual_fraction` is 1.5"):
         load_recipe(_recipe(tmp_path, source=src, init="keep", gradual_fraction=1.5))
     assert load_recipe(_recipe(tmp_path, source=src, init="keep", gradual_fraction=0.3))
+
+
+def test_recipe_defaults_are_the_measured_best(tmp_path):
+    """docs/results/recovery.md: reconstruct without gradual conversion; distillation is not
+    worth its compute there, so no teacher unless the recipe names one."""
+    recipe = load_recipe(_recipe(tmp_path, source="x"))
+    assert recipe.model.init == "reconstruct"
+    assert recipe.model.gradual_fraction == 0
+    assert recipe.distill.teacher is None
