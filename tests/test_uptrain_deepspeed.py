@@ -319,3 +319,22 @@ def test_resume_with_a_changed_training_key_is_refused_by_name(workdir, zero2_ru
     assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
     # keys that do not change the training may differ
     finish(uptrain(workdir, "changed", "eval.blocks=4", "log.every=3"))
+
+
+def test_a_stale_deepspeed_build_lock_is_named_instead_of_waited_on(workdir, tmp_path):
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    find = "from skipv1.uptrain.engine import shm_build_lock; print(shm_build_lock())"
+    lock = Path(
+        subprocess.run(
+            [sys.executable, "-c", find], capture_output=True, text=True, env={**os.environ, **env}
+        ).stdout.strip()
+    )
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.touch()
+    old = time.time() - 3600  # left by a run killed an hour ago
+    os.utime(lock, (old, old))
+    proc = uptrain(workdir, "stale", "deepspeed.zero_stage=0", nproc=1, env=env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err[-2000:]
+    assert f"DeepSpeed's build lock {lock} is 60 minutes old" in err
+    assert len(err.strip().splitlines()) == 1
