@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -24,18 +25,12 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
 from skipv1.modeling.layout import kv_layout
 
+sys.path.insert(0, str(Path(__file__).parent))
+from kv_cache_bytes import SHAPE  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
-SMOLLM2 = dict(
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    vocab_size=49152,
-    tie_word_embeddings=True,
-    max_position_embeddings=32768,
-    rope_theta=100000.0,
-)
+# SmolLM2-135M's shape (bench/kv_cache_bytes.py), with room for the longest context measured
+SMOLLM2 = dict(SHAPE, max_position_embeddings=32768, rope_theta=100000.0)
 
 
 def models(dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -114,3 +114,17 @@ def _save_bin(model, path: Path, shards: int) -> None:
         total = sum(t.numel() * t.element_size() for t in state.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (path / "pytorch_model.bin.index.json").write_text(json.dumps(index, indent=2))
+
+
+def write_corpus(root: Path, train: int = 60, validation: int = 8) -> Path:
+    """train.jsonl / eval.jsonl from the embedded documents, under root/corpus."""
+    from skipv1.textdata import embedded_documents
+
+    corpus = Path(root) / "corpus"
+    corpus.mkdir()
+    for name, docs in (
+        ("train", embedded_documents("train")[:train]),
+        ("eval", embedded_documents("validation")[:validation]),
+    ):
+        (corpus / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return corpus

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from factories import write_corpus
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import skipv1  # noqa: F401  (registers the SkipV1 classes)
 from skipv1.convert.api import convert_checkpoint
 from skipv1.errors import SkipV1Error
-from skipv1.textdata import embedded_documents
 from skipv1.uptrain.data import load_blocks
 from skipv1.uptrain.gradual import GradualConversion
 from skipv1.uptrain.metrics import read_metrics
@@ -74,13 +74,7 @@ def test_uptrain_with_gradual_conversion_exports_the_trained_skipv1_function(
     source_and_keep, tmp_path
 ):
     src, _ = source_and_keep
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for name, docs in (
-        ("train", embedded_documents("train")[:60]),
-        ("eval", embedded_documents("validation")[:8]),
-    ):
-        (corpus / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    corpus = write_corpus(tmp_path)
     recipe = {
         "model": {
             "source": str(src),

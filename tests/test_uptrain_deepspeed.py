@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from factories import tiny_config
+from factories import tiny_config, write_corpus
 
 from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
-from skipv1.textdata import embedded_documents
 from skipv1.uptrain.metrics import read_metrics
 
 SKIPV1 = str(Path(sys.executable).parent / "skipv1")
@@ -44,13 +43,7 @@ def workdir(tmp_path_factory, tokenizer_dir) -> Path:
     )
     for file in Path(tokenizer_dir).iterdir():
         shutil.copy(file, root / "model" / file.name)
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for name, docs in (
-        ("train", embedded_documents("train")[:60]),
-        ("eval", embedded_documents("validation")[:8]),
-    ):
-        (corpus / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    corpus = write_corpus(root)
     recipe = {
         "model": {"path": str(root / "model"), "dtype": "float32"},
         "data": {
