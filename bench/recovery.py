@@ -297,14 +297,17 @@ report is `recovery.md`."""
 POINTS = (2.5, 5, 10, 15)  # % of T reported in the table
 
 
-def eval_curve(run_dir: Path, scale: Scale) -> list[tuple[float, float]]:
-    """(% of T, validation perplexity) pairs of a run."""
+def eval_curve_tokens(run_dir: Path) -> list[tuple[int, float]]:
+    """(training tokens, validation perplexity) pairs of a run, step 0 first."""
     from skipv1.uptrain.metrics import read_metrics
 
+    return [(r["tokens"], r["eval_ppl"]) for r in read_metrics(run_dir) if "eval_ppl" in r]
+
+
+def eval_curve(run_dir: Path, scale: Scale) -> list[tuple[float, float]]:
+    """(% of T, validation perplexity) pairs of a run."""
     t = scale.pretrain_tokens
-    return [
-        (100 * r["tokens"] / t, r["eval_ppl"]) for r in read_metrics(run_dir) if "eval_ppl" in r
-    ]
+    return [(100 * tokens / t, ppl) for tokens, ppl in eval_curve_tokens(run_dir)]
 
 
 def compute_fraction(model: Path, source: Path, teacher: bool, pct: float) -> float:

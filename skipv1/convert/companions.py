@@ -7,7 +7,11 @@ from pathlib import Path
 from ..errors import SkipV1Error
 
 MODELING_DIR = Path(__file__).resolve().parent.parent / "modeling"
-MODELING_FILES = ("configuration_skipv1_llama.py", "modeling_skipv1_llama.py")
+MODELING_FILES = (
+    "configuration_skipv1_llama.py",
+    "modeling_skipv1_llama.py",
+    "paged_cache_skipv1.py",
+)
 TOKENIZER_FILES = {
     "tokenizer.json",
     "tokenizer_config.json",

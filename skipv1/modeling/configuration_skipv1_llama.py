@@ -1,7 +1,10 @@
 """Configuration of SkipV1Former on the Llama architecture.
 
-This file is copied next to converted weights (see `auto_map`), so it imports only transformers.
+This file is copied next to converted weights (see `auto_map`), so it imports only transformers
+and its sibling modeling file.
 """
+
+import sys
 
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
@@ -47,3 +50,9 @@ class SkipV1LlamaConfig(LlamaConfig):
 
 
 __all__ = ["SkipV1LlamaConfig"]
+
+# Tools that start from the config alone (`transformers serve` resolves `architectures[0]` by
+# name) need the model class defined as soon as the config is: import the modeling file last,
+# unless it is the modeling file that is importing this one.
+if f"{__package__}.modeling_skipv1_llama" not in sys.modules:
+    from .modeling_skipv1_llama import SkipV1LlamaForCausalLM  # noqa: F401

