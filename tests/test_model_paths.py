@@ -137,10 +137,3 @@ def test_eager_attention_weights_cover_every_query_head():
     for weights in out.attentions:
         assert weights.shape == (2, 9, 7, 7)
         torch.testing.assert_close(weights.sum(-1), torch.ones(2, 9, 7))
-
-
-@pytest.mark.parametrize("kwargs", [{"tp_plan": "auto"}, {"tp_size": 2}])
-def test_tensor_parallel_loading_is_refused_rather_than_wrong(tmp_path, kwargs):
-    random_model(skip_config()).save_pretrained(tmp_path / "m")
-    with pytest.raises(ValueError, match="tensor parallelism is not supported"):
-        SkipV1LlamaForCausalLM.from_pretrained(tmp_path / "m", **kwargs)

@@ -21,6 +21,14 @@ class SkipV1LlamaConfig(LlamaConfig):
     """
 
     model_type = "skipv1_llama"
+    # Tensor parallelism: Llama's plan, except that value projections stay whole on every rank
+    # and each attention module keeps the value heads of its rank's key heads (own ones from its
+    # v_proj, borrowed ones from layer 0's), see `TPValueHeads` in the modeling file.
+    base_model_tp_plan = {
+        **LlamaConfig.base_model_tp_plan,
+        "layers.*.self_attn.v_proj": "replicate",
+        "layers.*.self_attn": "skipv1_value_heads",
+    }
 
     skip_v_heads: int = 0
     o_proj_bias: bool | None = None

@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 from transformers.cache_utils import Cache, StaticLayer
+from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES, TensorParallelLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
@@ -85,7 +86,24 @@ def use_skipv1_static_layers(cache: Cache, config: SkipV1LlamaConfig) -> None:
         layers[i] = new
 
 
+class TPValueHeads(TensorParallelLayer):
+    """Tensor-parallel style of a SkipV1 attention module. Ranks hold contiguous key heads
+    [a, b); the borrowed heads are the last s, so the split between own and borrowed heads is
+    uneven across ranks (some ranks may hold only borrowed ones). v_proj stays whole on every
+    rank (`replicate`), and the module keeps the own heads of [a, b) before caching them; layer
+    0 keeps [a, b), so its local tensor holds exactly the rank's borrowed heads after them."""
+
+    def install_forward(self, module, mesh):
+        module.tp_rank, module.tp_size = mesh.get_local_rank(), mesh.size()
+        return module
+
+
+ALL_PARALLEL_STYLES.register("skipv1_value_heads", TPValueHeads())
+
+
 class SkipV1LlamaAttention(LlamaAttention):
+    tp_rank, tp_size = 0, 1  # set by TPValueHeads under tensor parallelism
+
     def __init__(self, config: SkipV1LlamaConfig, layer_idx: int):
         super().__init__(config, layer_idx)
         self.own_value_heads = config.own_value_heads(layer_idx)
@@ -120,6 +138,7 @@ class SkipV1LlamaAttention(LlamaAttention):
 
         cos, sin = position_embeddings
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        value_states, own = self.rank_value_heads(value_states, key_states.shape[1])
 
         if cache is not None:
             key_states, value_states = cache.update(
@@ -142,10 +161,9 @@ class SkipV1LlamaAttention(LlamaAttention):
             scaling=self.scaling,
             **kwargs,
         )
-        own = self.own_value_heads
         if self.layer_idx == 0:
             first_layer_values.value = value_states
-        if self.layer_idx == 0 or own == self.config.num_key_value_heads:
+        if self.layer_idx == 0 or own == key_states.shape[1]:
             attn_output, attn_weights = attend(query_states, key_states, value_states)
         else:
             borrowed = first_layer_values.value[:, own:]
@@ -154,18 +172,23 @@ class SkipV1LlamaAttention(LlamaAttention):
             # Two attention calls over head slices instead of one over torch.cat([own, borrowed]):
             # the concatenation would copy the layer's whole value cache at every decode step.
             split = own * self.num_key_value_groups  # query heads served by the own KV heads
-            own_out, own_weights = attend(
-                query_states[:, :split], key_states[:, :own], value_states
-            )
-            borrowed_out, borrowed_weights = attend(
-                query_states[:, split:], key_states[:, own:], borrowed
-            )
-            attn_output = torch.cat([own_out, borrowed_out], dim=2)  # [batch, q_len, heads, d]
-            attn_weights = (
-                None if own_weights is None else torch.cat([own_weights, borrowed_weights], dim=1)
-            )
+            parts = [(query_states[:, split:], key_states[:, own:], borrowed)]
+            if own:  # a tensor-parallel rank may hold borrowed heads only
+                parts.insert(0, (query_states[:, :split], key_states[:, :own], value_states))
+            outputs, weights = zip(*(attend(*part) for part in parts), strict=True)
+            attn_output = torch.cat(outputs, dim=2)  # [batch, q_len, heads, d]
+            attn_weights = None if weights[0] is None else torch.cat(weights, dim=1)
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         return self.o_proj(attn_output), attn_weights
+
+    def rank_value_heads(self, values: torch.Tensor, local_kv_heads: int):
+        """(own value states, their count) for this rank's key heads: all of them without
+        tensor parallelism; under it, the own heads among [a, a + local_kv_heads)."""
+        if self.tp_size == 1:
+            return values, self.own_value_heads
+        start = self.tp_rank * local_kv_heads
+        own = max(0, min(start + local_kv_heads, self.own_value_heads) - start)
+        return values[:, start : start + own], own
 
 
 class SkipV1LlamaDecoderLayer(LlamaDecoderLayer):
@@ -218,15 +241,6 @@ class SkipV1LlamaPreTrainedModel(LlamaPreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        distributed = kwargs.get("distributed_config")
-        if kwargs.get("tp_plan") or kwargs.get("tp_size") or getattr(distributed, "tp_plan", None):
-            # transformers' Llama plan splits each later layer's own value rows evenly across
-            # ranks, while a rank's borrowed heads follow its key heads: wrong logits, silently.
-            raise ValueError(
-                "tensor parallelism is not supported for SkipV1 checkpoints yet (the borrowed value "
-                "heads would not be sharded like each rank's own heads, giving wrong logits): "
-                "load without tp_plan/tp_size"
-            )
         path = pretrained_model_name_or_path
         if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
             config = kwargs.get("config")
