@@ -137,3 +137,28 @@ def test_eager_attention_weights_cover_every_query_head():
     for weights in out.attentions:
         assert weights.shape == (2, 9, 7, 7)
         torch.testing.assert_close(weights.sum(-1), torch.ones(2, 9, 7))
+
+
+def test_executorch_export_with_a_static_cache_gives_the_generate_tokens():
+    from transformers import GenerationConfig
+    from transformers.integrations.executorch import convert_and_export_with_cache
+
+    model = random_model(skip_config(heads=9, kv=3, s=1))
+    model.generation_config = GenerationConfig(
+        use_cache=True,
+        cache_implementation="static",
+        cache_config={"batch_size": 1, "max_cache_len": 32},
+    )
+    prompt = [3, 9, 4, 7, 1]
+    ref = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0].tolist()
+    exported = convert_and_export_with_cache(model)
+    # one token per call at its position (transformers' own helper skips a position after the
+    # prompt, so it is not used here)
+    tokens = list(prompt)
+    for position in range(len(prompt) + 5):
+        logits = exported.module()(
+            input_ids=torch.tensor([[tokens[position]]]), cache_position=torch.tensor([position])
+        )
+        if position >= len(prompt) - 1:
+            tokens.append(int(logits[0, -1].argmax()))
+    assert tokens == ref

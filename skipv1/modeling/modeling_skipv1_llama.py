@@ -71,7 +71,9 @@ def use_skipv1_static_layers(cache: Cache, config: SkipV1LlamaConfig) -> None:
     """Swap transformers' StaticLayers of later layers for SkipV1StaticLayers; an early
     initialized layer (chunked prefill, export) that holds no token yet is re-initialized with
     the layer's own value heads."""
-    if torch.compiler.is_compiling():  # compiled steps run on a cache an eager step prepared
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        # compiled steps run on a cache an eager step prepared; an exported program keeps the
+        # cache buffers its wrapper registered
         return
     layers = getattr(cache, "layers", [])
     for i, layer in enumerate(layers):
@@ -99,6 +101,19 @@ class TPValueHeads(TensorParallelLayer):
 
 
 ALL_PARALLEL_STYLES.register("skipv1_value_heads", TPValueHeads())
+
+
+def unused_value_heads(cache: Cache, layer_idx: int, own: int) -> int:
+    """Value heads of a static layer beyond the layer's own: non-zero only for a static cache
+    sized before the model could size it and then frozen, as by ExecuTorch's export wrapper
+    (which registers its buffers as they are). Such a layer works, without the saving."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or layer_idx >= len(layers):
+        return 0
+    layer = layers[layer_idx]
+    if not isinstance(layer, StaticLayer) or not layer.is_initialized:
+        return 0
+    return max(0, layer.values.shape[1] - own)
 
 
 class SkipV1LlamaAttention(LlamaAttention):
@@ -141,9 +156,14 @@ class SkipV1LlamaAttention(LlamaAttention):
         value_states, own = self.rank_value_heads(value_states, key_states.shape[1])
 
         if cache is not None:
+            extra = unused_value_heads(cache, self.layer_idx, own)
+            if extra:  # write zeros there: the new tokens only, never the cached ones
+                value_states = nn.functional.pad(value_states, (0, 0, 0, 0, 0, extra))
             key_states, value_states = cache.update(
                 key_states, value_states, self.layer_idx, kwargs=kwargs
             )
+            if extra:
+                value_states = value_states[:, :own]
 
         # The SkipV1 difference: layer 0 publishes its values, later layers borrow the tail heads.
         if first_layer_values is None:
