@@ -122,9 +122,10 @@ def demo(
 def _register_subcommands() -> None:
     from .convert.command import convert
     from .evaluate.command import eval_command
-    from .uptrain.command import export, uptrain
+    from .uptrain.command import export, prepare_data, uptrain
 
     app.command()(convert)
+    app.command(name="prepare-data")(prepare_data)
     app.command()(uptrain)
     app.command()(export)
     app.command(name="eval")(eval_command)

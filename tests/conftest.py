@@ -1,10 +1,13 @@
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# token stores of this session's runs go to a scratch cache, not ~/.cache
+os.environ.setdefault("SKIPV1_CACHE_DIR", tempfile.mkdtemp(prefix="skipv1-token-store-"))
 
 from factories import build_tokenizer, make_checkpoint  # noqa: E402
 

@@ -12,7 +12,6 @@ import yaml
 from skipv1.errors import SkipV1Error
 from skipv1.uptrain.data import (
     InMemoryBatches,
-    StreamingBatches,
     load_blocks,
     pack_blocks,
     rank_micro_batches,
@@ -128,16 +127,6 @@ def test_batch_order_is_seeded_and_independent_of_ranks():
     two = [m for r in range(2) for m in rank_micro_batches(batch, r, 2, 2)]
     one = rank_micro_batches(batch, 0, 1, 2)
     assert all((x == y).all() for x, y in zip(two, one, strict=True))
-
-
-def test_streaming_resume_skips_to_the_same_batches(tokenizer_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    s = StreamingBatches("embedded:validation", tok, 32, 4, seed=0, buffer=8)
-    full = s.batches(0)
-    expected = [next(full) for _ in range(3)][2]
-    assert (next(s.batches(2)) == expected).all()
 
 
 def _tok(tokenizer_dir):

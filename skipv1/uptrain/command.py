@@ -81,3 +81,39 @@ def export(
         stdout.print_json(json.dumps({"path": str(out), **info}))
     else:
         stdout.print(f"exported {out} ({info['tokens']:,} tokens trained, step {info['steps']})")
+
+
+@cli_command
+def prepare_data(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML whose train data to tokenize.")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="Recipe overrides as dotted key=value, e.g. data.seq_len=2048."),
+    ] = None,
+    num_proc: Annotated[
+        int | None, typer.Option(help="Tokenizer processes (default: data.num_proc).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+) -> None:
+    """Tokenize a recipe's train data once into its token store; uptrain then reads it."""
+    from .recipe import load_recipe
+    from .token_store import recipe_tokenizer, train_store
+
+    loaded = load_recipe(recipe, list(overrides or []))
+    procs = num_proc or loaded.data.resolved_num_proc()
+    if procs < 1:
+        raise SkipV1Error(f"--num-proc is {procs}: give 1 or more")
+    path, meta = train_store(loaded, recipe_tokenizer(loaded), 0, procs, log=_stderr)
+    if as_json:
+        stdout.print_json(json.dumps({"path": str(path), **meta}))
+    else:
+        stdout.print(
+            f"token store {path}: {meta['blocks']:,} blocks of {meta['seq_len']} "
+            f"({meta['tokens']:,} tokens, {meta['dtype']})"
+        )
+
+
+def _stderr(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)

@@ -1,11 +1,12 @@
 """Training data: datasets -> tokenize with the model's tokenizer -> pack into `seq_len` blocks
 with EOS between documents -> a deterministic, resumable order of global batches.
 
-The order is a pure function of (seed, step): global batch `step` is blocks
-`step * B .. (step + 1) * B - 1` of an endless sequence of seeded per-epoch permutations
-(in-memory data) or of the seeded stream (streaming data). The only resume state is therefore
-the step; it does not depend on the number of ranks, so a run can resume on a different world
-size with the same batches. Each rank takes its contiguous slice of every global batch.
+The train blocks come from a token store (token_store.py), tokenized once. The order is a pure
+function of (seed, step): global batch `step` is blocks `step * B .. (step + 1) * B - 1` of an
+endless sequence of seeded per-epoch permutations (the first pass of streamed data keeps the
+seeded stream's order). The only resume state is therefore the step, resuming costs nothing,
+and it does not depend on the number of ranks, so a run can resume on a different world size
+with the same batches. Each rank reads only its contiguous slice of every global batch.
 
 Bad data never hangs: zero-byte files and records whose text is missing, empty or not a string
 are skipped and counted (a warning says how many); undecodable files, a missing text column and
@@ -158,7 +159,8 @@ def load_blocks(spec, tokenizer, seq_len: int, what: str, limit: int | None = No
 
 
 class InMemoryBatches:
-    """Global batches from a tokenized corpus held in memory, reshuffled every epoch."""
+    """Global batches from tokenized blocks (in memory or memory-mapped), reshuffled every
+    epoch."""
 
     def __init__(self, blocks: np.ndarray, blocks_per_step: int, seed: int):
         if len(blocks) < blocks_per_step:
@@ -175,58 +177,36 @@ class InMemoryBatches:
 
     def _perm(self, epoch: int) -> np.ndarray:
         if epoch not in self._perms:
-            self._perms = {
-                epoch: np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks))
-            }
+            self._perms = {epoch: self._order(epoch)}
         return self._perms[epoch]
 
-    def global_batch(self, step: int) -> np.ndarray:
-        n = len(self.blocks)
-        positions = range(step * self.per_step, (step + 1) * self.per_step)
-        return np.stack([self.blocks[self._perm(p // n)[p % n]] for p in positions])
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks))
 
-    def batches(self, start_step: int) -> Iterator[np.ndarray]:
+    def rank_rows(self, step: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
+        """This rank's contiguous slice of global batch `step`; only its blocks are read."""
+        n, per_rank = len(self.blocks), self.per_step // world_size
+        first = step * self.per_step + rank * per_rank
+        rows = [self.blocks[self._perm(p // n)[p % n]] for p in range(first, first + per_rank)]
+        return np.stack(rows).astype(np.int64)
+
+    def global_batch(self, step: int) -> np.ndarray:
+        return self.rank_rows(step)
+
+    def batches(self, start_step: int, rank: int = 0, world_size: int = 1) -> Iterator[np.ndarray]:
         step = start_step
         while True:
-            yield self.global_batch(step)
+            yield self.rank_rows(step, rank, world_size)
             step += 1
 
 
-class StreamingBatches:
-    """Global batches from a streamed corpus: the seeded stream order, restarted (with the next
-    seed) when it runs out. Resuming at step k re-reads and drops the first k * B blocks."""
+class StreamedBatches(InMemoryBatches):
+    """Batches of a streamed corpus stored in stream order: the first pass reads the stored
+    blocks in that order (the seeded stream's), later passes (a budget longer than the data)
+    in seeded permutations."""
 
-    def __init__(self, spec, tokenizer, seq_len: int, blocks_per_step: int, seed: int, buffer: int):
-        self.stats = DataStats()
-        self.spec = resolve_spec(spec, self.stats)
-        self.tokenizer, self.seq_len = tokenizer, seq_len
-        self.per_step, self.seed, self.buffer = blocks_per_step, seed, buffer
-
-    def _blocks(self) -> Iterator[np.ndarray]:
-        eos = eos_token_id(self.tokenizer)
-        epoch = 0
-        while True:
-            docs = iter_documents(
-                self.spec, self.stats, streaming=True, shuffle=(self.seed + epoch, self.buffer)
-            )
-            produced = 0
-            for block in pack_blocks(iter_token_ids(docs, self.tokenizer, eos), self.seq_len):
-                produced += 1
-                yield block
-            if produced < self.per_step and epoch == 0:
-                raise SkipV1Error(
-                    f"the train data {self.spec.describe()} gives {produced} blocks, fewer than "
-                    f"one global batch ({self.per_step}): add data or lower "
-                    "batch.global_batch_tokens"
-                )
-            epoch += 1
-
-    def batches(self, start_step: int) -> Iterator[np.ndarray]:
-        blocks = self._blocks()
-        for _ in range(start_step * self.per_step):
-            next(blocks)
-        while True:
-            yield np.stack([next(blocks) for _ in range(self.per_step)])
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.arange(len(self.blocks)) if epoch == 0 else super()._order(epoch)
 
 
 def rank_micro_batches(global_batch: np.ndarray, rank: int, world_size: int, micro: int):
@@ -236,11 +216,11 @@ def rank_micro_batches(global_batch: np.ndarray, rank: int, world_size: int, mic
     return [mine[i : i + micro] for i in range(0, per_rank, micro)]
 
 
-def make_train_batches(recipe, tokenizer):
+def make_train_batches(recipe, tokenizer, local_rank: int = 0, log=print):
+    """The recipe's train batches, read from its token store (built first if missing)."""
+    from .token_store import open_blocks, train_store
+
     d = recipe.data
-    if d.streaming:
-        return StreamingBatches(
-            d.train, tokenizer, d.seq_len, recipe.blocks_per_step, d.seed, d.shuffle_buffer
-        )
-    blocks = load_blocks(d.train, tokenizer, d.seq_len, "train")
-    return InMemoryBatches(blocks, recipe.blocks_per_step, d.seed)
+    path, meta = train_store(recipe, tokenizer, local_rank, d.resolved_num_proc(), log)
+    batches = StreamedBatches if d.streaming else InMemoryBatches
+    return batches(open_blocks(path, meta), recipe.blocks_per_step, d.seed)

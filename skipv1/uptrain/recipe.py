@@ -7,6 +7,7 @@ is parsed as YAML (`optim.lr=3e-4`, `deepspeed.zero_stage=3`, `data.eval=null`).
 """
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -47,6 +48,14 @@ class DataSection:
     seed: int = 0
     streaming: bool = False  # stream the train data (corpora larger than memory)
     shuffle_buffer: int = 10_000  # streaming only: datasets' shuffle buffer (0: file order)
+    store: str | None = None  # a token store built by `skipv1 prepare-data` (checked)
+    cache_dir: str | None = None  # where token stores live (default: $SKIPV1_CACHE_DIR or
+    # ~/.cache/skipv1/token-store)
+    num_proc: int | None = None  # tokenizer processes (default: CPU cores, at most 8)
+    store_timeout: float = 7200.0  # seconds other ranks wait for local rank 0's store build
+
+    def resolved_num_proc(self) -> int:
+        return self.num_proc or max(1, min(8, os.cpu_count() or 1))
 
 
 @dataclass

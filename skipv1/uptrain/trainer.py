@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -68,7 +69,7 @@ class UptrainRecipe:
             )
         self.total_steps = total_steps(r)
         self.tokenizer = _load_tokenizer(self.model_dir, r.model.trust_remote_code)
-        self.train_data = make_train_batches(r, self.tokenizer)
+        self.train_data = make_train_batches(r, self.tokenizer, env.local_rank, _stderr)
         self.eval_blocks = self._eval_blocks()
 
         resume = checkpointing.resolve_resume(r.checkpoint.resume, self.ckpt_dir)
@@ -314,17 +315,15 @@ class UptrainRecipe:
         r, env, engine = self.recipe, self.env, self.engine
         if self.start_step == 0:
             self.validate(0)
-        batches = self.train_data.batches(self.start_step)
+        batches = self.train_data.batches(self.start_step, env.rank, env.world_size)
         for step in range(self.start_step + 1, self.total_steps + 1):
-            global_batch = next(batches)
+            rows = next(batches)  # this rank's part of the global batch
             started = time.perf_counter()
             if self.gradual:
                 self.gradual.set_step(step - 1)
             lr = self.scheduler.get_last_lr()[0]
             losses, kls = [], []
-            for micro in rank_micro_batches(
-                global_batch, env.rank, env.world_size, r.batch.micro_batch_size
-            ):
+            for micro in rank_micro_batches(rows, 0, 1, r.batch.micro_batch_size):
                 loss, kl = self._micro_step(torch.from_numpy(micro).to(env.device))
                 engine.step()
                 losses.append(loss.float())
@@ -452,6 +451,11 @@ RESUMABLE_CHANGES = (
     "deepspeed.config",
     "export",
     "run_dir",
+    # where the token store lives and how it is built; its identity is checked on open
+    "data.store",
+    "data.cache_dir",
+    "data.num_proc",
+    "data.store_timeout",
 )
 
 
@@ -504,6 +508,10 @@ def lock_run_dir(run_dir: Path):
     handle.write(f"pid {os.getpid()}\n")
     handle.flush()
     return handle
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _load_tokenizer(model_dir: Path, trust_remote_code: bool):

@@ -1,0 +1,309 @@
+"""The token store: a recipe's training text tokenized once, packed (EOS after every document,
+the concatenation cut into `seq_len` blocks, as `data.pack_blocks` does) and written as one
+memory-mapped token file, so that no rank tokenizes at start and resuming costs nothing.
+
+A store is a directory `CACHE/<data>-<hash>/` holding `tokens.bin` (uint16 when the vocabulary
+fits, else uint32) and `meta.json` (data spec and fingerprint, tokenizer fingerprint, seq_len,
+token and block counts). The hash covers all of those, so another tokenizer, seq_len or changed
+data files get another store; an explicit `data.store` built for something else is refused by
+name. A store is built in a temporary directory and renamed into place: a complete directory
+is the ready marker, and a build that dies leaves nothing that looks ready.
+
+Non-streaming data is tokenized with datasets' parallel `map` (`num_proc`); streaming data (hub
+corpora larger than the budget) in its seeded stream order, up to the blocks the budget needs.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SkipV1Error
+from ..textdata import DataSpec, open_dataset
+from .data import (
+    DataStats,
+    _explain_decode_error,
+    eos_token_id,
+    iter_documents,
+    iter_token_ids,
+    resolve_spec,
+)
+
+STORE_VERSION = 1
+META = "meta.json"
+TOKENS = "tokens.bin"
+WRITE_BATCH = 1000  # documents per write
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("SKIPV1_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "skipv1" / "token-store"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Hash of what decides the token ids: the fast tokenizer's full JSON, or the vocabulary."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab()))
+    return hashlib.sha256(f"{text}|eos={eos_token_id(tokenizer)}".encode()).hexdigest()[:16]
+
+
+def data_fingerprint(spec: DataSpec) -> list:
+    """Local files by path, size and modification time; embedded text by Python version (it is
+    CPython's docs); hub data by name, config and split."""
+    if spec.kind == "files":
+        return [[str(Path(f).resolve()), *_size_mtime(Path(f))] for f in spec.files]
+    if spec.kind == "embedded":
+        return ["embedded", spec.split, sys.version.split()[0]]
+    return ["hub", spec.name, spec.config, spec.split, spec.text_field]
+
+
+def _size_mtime(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def store_identity(spec: DataSpec, tokenizer, seq_len: int, stream: dict | None) -> dict:
+    """What a store must match to be used: `stream` = seed, shuffle buffer and block limit
+    for streaming data (None for data read whole)."""
+    return {
+        "version": STORE_VERSION,
+        "data": spec.describe(),
+        "data_fingerprint": data_fingerprint(spec),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "seq_len": seq_len,
+        "stream": stream,
+    }
+
+
+def store_dir(cache: Path, identity: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    stem = "".join(c if c.isalnum() else "-" for c in identity["data"])[:40].strip("-")
+    return Path(cache) / f"{stem}-{digest}"
+
+
+def check_store(path: Path, identity: dict) -> dict:
+    """The store's metadata, or an error naming what differs from `identity`."""
+    meta_file = Path(path) / META
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError):
+        raise SkipV1Error(
+            f"{path} is not a complete token store (no readable {META}): rebuild it with "
+            "`skipv1 prepare-data`"
+        ) from None
+    for key, want in identity.items():
+        if meta.get(key) != want:
+            raise SkipV1Error(
+                f"token store {path} was built with another {key} ({meta.get(key)!r}, this run "
+                f"needs {want!r}): rebuild it with `skipv1 prepare-data` or drop `data.store`"
+            )
+    return meta
+
+
+def open_blocks(path: Path, meta: dict) -> np.ndarray:
+    """The store's blocks as a read-only [blocks, seq_len] memory map."""
+    tokens = np.memmap(Path(path) / TOKENS, dtype=meta["dtype"], mode="r")
+    blocks = meta["blocks"]
+    return tokens[: blocks * meta["seq_len"]].reshape(blocks, meta["seq_len"])
+
+
+def token_dtype(tokenizer) -> np.dtype:
+    return np.dtype(np.uint16 if len(tokenizer) <= np.iinfo(np.uint16).max + 1 else np.uint32)
+
+
+# --- building -------------------------------------------------------------------------------
+
+
+def build_store(
+    spec: DataSpec,
+    tokenizer,
+    seq_len: int,
+    dest: Path,
+    identity: dict,
+    num_proc: int = 1,
+    max_blocks: int | None = None,
+    shuffle: tuple[int, int] | None = None,
+    log=print,
+) -> dict:
+    """Tokenizes and writes a store at `dest` (atomically); returns its metadata."""
+    dest = Path(dest)
+    log(f"building the token store {dest} (once; other ranks wait) ...")
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    stats = DataStats()
+    dtype = token_dtype(tokenizer)
+    started = time.perf_counter()
+    try:
+        with (tmp / TOKENS).open("wb") as out:
+            if shuffle is None:
+                chunks = _parallel_token_chunks(spec, tokenizer, num_proc, stats)
+            else:
+                chunks = _stream_token_chunks(spec, tokenizer, shuffle, stats)
+            tokens = _write_tokens(chunks, out, dtype, max_blocks, seq_len)
+        blocks = tokens // seq_len
+        if blocks == 0:
+            raise SkipV1Error(
+                f"train data {spec.describe()} holds no block of data.seq_len={seq_len} tokens "
+                f"({stats.documents} usable documents): add data or lower data.seq_len"
+            )
+        stats.warn("train")
+        meta = {
+            **identity,
+            "dtype": dtype.name,
+            "tokens": tokens,
+            "blocks": blocks,
+            "documents": stats.documents,
+            "skipped_records": stats.skipped_records,
+            "skipped_files": stats.skipped_files,
+            "seconds": round(time.perf_counter() - started, 2),
+        }
+        (tmp / META).write_text(json.dumps(meta, indent=1))
+        _publish(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(
+        f"token store {dest}: {blocks:,} blocks of {seq_len} ({tokens:,} tokens, "
+        f"{stats.documents:,} documents) in {meta['seconds']:.1f} s"
+    )
+    return meta
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    """Renames the finished store into place; another builder that got there first wins."""
+    try:
+        tmp.rename(dest)
+    except OSError:
+        if not (dest / META).is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_tokens(chunks, out, dtype, max_blocks: int | None, seq_len: int) -> int:
+    """Writes token chunks until `max_blocks` blocks are complete; returns the tokens kept."""
+    limit = None if max_blocks is None else max_blocks * seq_len
+    written = 0
+    for chunk in chunks:
+        if limit is not None:
+            chunk = chunk[: limit - written]
+        out.write(np.asarray(chunk, dtype=dtype).tobytes())
+        written += len(chunk)
+        if limit is not None and written >= limit:
+            break
+    return written
+
+
+def _parallel_token_chunks(spec: DataSpec, tokenizer, num_proc: int, stats: DataStats):
+    """Token ids (EOS after each document) in file order, tokenized by datasets' `map`."""
+    field_name = "text" if spec.kind == "embedded" else spec.text_field
+    try:
+        ds = open_dataset(spec)
+        if field_name not in ds.column_names:
+            raise SkipV1Error(
+                f"data {spec.describe()} has no text field {field_name!r}: set `text_field` to "
+                f"one of {sorted(ds.column_names)}"
+            )
+        ds = ds.map(
+            _tokenize_batch,
+            batched=True,
+            num_proc=num_proc if num_proc > 1 and len(ds) >= num_proc else None,
+            remove_columns=ds.column_names,
+            fn_kwargs={"tokenizer": tokenizer, "field": field_name, "eos": eos_token_id(tokenizer)},
+            load_from_cache_file=False,  # the store is the cache
+            desc="tokenizing",
+        )
+    except SkipV1Error as err:
+        raise _explain_decode_error(spec, err) from err.__cause__
+    except UnicodeDecodeError as err:
+        raise _explain_decode_error(spec, err) from err
+    for batch in ds.iter(batch_size=WRITE_BATCH):
+        for ids, ok in zip(batch["ids"], batch["ok"], strict=True):
+            if ok:
+                stats.documents += 1
+                yield ids
+            else:
+                stats.skipped_records += 1
+    ds.cleanup_cache_files()  # datasets' copy of the token ids (int64 lists): not kept twice
+
+
+def _tokenize_batch(batch: dict, tokenizer, field: str, eos: int) -> dict:
+    texts = batch[field]
+    ok = [isinstance(t, str) and bool(t.strip()) for t in texts]
+    encoded = tokenizer(
+        [t for t, good in zip(texts, ok, strict=True) if good], add_special_tokens=False
+    )
+    it = iter(encoded["input_ids"])
+    return {"ids": [[*next(it), eos] if good else [] for good in ok], "ok": ok}
+
+
+def _stream_token_chunks(spec: DataSpec, tokenizer, shuffle: tuple[int, int], stats: DataStats):
+    docs = iter_documents(spec, stats, streaming=True, shuffle=shuffle)
+    return iter_token_ids(docs, tokenizer, eos_token_id(tokenizer))
+
+
+# --- for a run ------------------------------------------------------------------------------
+
+
+def train_store(recipe, tokenizer, local_rank: int, num_proc: int = 1, log=print):
+    """(path, metadata) of the recipe's train store: `data.store` if given (checked), else the
+    cache's, built by each node's local rank 0 if missing while the other ranks wait."""
+    d = recipe.data
+    stats = DataStats()
+    spec = resolve_spec(d.train, stats)
+    stream = None
+    if d.streaming:
+        stream = {"seed": d.seed, "buffer": d.shuffle_buffer, "blocks": train_blocks(recipe)}
+    identity = store_identity(spec, tokenizer, d.seq_len, stream)
+    if d.store:
+        return Path(d.store), check_store(Path(d.store), identity)
+    path = store_dir(Path(d.cache_dir) if d.cache_dir else default_cache_dir(), identity)
+    if not (path / META).is_file():
+        if local_rank == 0:
+            shuffle = None if stream is None else (d.seed, d.shuffle_buffer)
+            build_store(spec, tokenizer, d.seq_len, path, identity, num_proc,
+                        None if stream is None else stream["blocks"], shuffle, log)  # fmt: skip
+        else:
+            _wait_for(path, d.store_timeout)
+    return path, check_store(path, identity)
+
+
+def train_blocks(recipe) -> int:
+    """Blocks the whole budget reads (what a streamed store must hold)."""
+    from .recipe import total_steps
+
+    return total_steps(recipe) * recipe.blocks_per_step
+
+
+def _wait_for(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path / META).is_file():
+        if time.monotonic() > deadline:
+            raise SkipV1Error(
+                f"the token store {path} was not ready after {timeout:.0f} s "
+                "(data.store_timeout): build it first with `skipv1 prepare-data`"
+            )
+        time.sleep(1.0)
+
+
+def recipe_tokenizer(recipe):
+    """The tokenizer a run of `recipe` trains with, without converting anything: that of
+    `model.path`, or of `model.source` (a directory, a Hub id or a builtin GGUF)."""
+    from transformers import AutoTokenizer
+
+    from ..convert.api import BUILTIN_SOURCES
+
+    m = recipe.model
+    source = m.path or m.source
+    try:
+        if source in BUILTIN_SOURCES:
+            gguf = BUILTIN_SOURCES[source]()
+            return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=m.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise SkipV1Error(f"cannot load the tokenizer of {source}: {err}") from None
