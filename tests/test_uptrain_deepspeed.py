@@ -16,6 +16,8 @@ import yaml
 from factories import tiny_config, write_corpus
 
 from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
+from skipv1.checkpoint_info import read_config
+from skipv1.modeling.layout import count_parameters
 from skipv1.uptrain.metrics import read_metrics
 
 SKIPV1 = str(Path(sys.executable).parent / "skipv1")
@@ -98,7 +100,11 @@ def test_zero2_loss_falls_and_metrics_are_complete(zero2_run):
     ppl = eval_ppls(zero2_run)
     assert sorted(ppl) == [0, 6, STEPS] and ppl[STEPS] < ppl[0]
     record = read_metrics(zero2_run)[1]
-    assert {"step", "tokens", "loss", "lr", "tokens_per_s"} <= set(record)
+    assert {"step", "tokens", "loss", "lr", "tokens_per_s", "tflops"} <= set(record)
+    assert "mfu" not in record  # no known peak on a CPU
+    model = yaml.safe_load((zero2_run / "recipe.yaml").read_text())["model"]["path"]
+    params = count_parameters(read_config(model))
+    assert record["tflops"] == pytest.approx(6 * params * record["tokens_per_s"] / 1e12)
     names = sorted(
         p.name for p in (zero2_run / "checkpoints").iterdir() if p.name.startswith("step")
     )

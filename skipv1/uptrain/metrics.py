@@ -1,5 +1,6 @@
 """Rank 0's view of a run: a rich progress bar (tokens/s, loss, lr, ETA), `metrics.jsonl`
-(one JSON object per optimizer step: step, tokens, loss, lr, tokens_per_s; eval records:
+(one JSON object per optimizer step: step, tokens, loss, lr, tokens_per_s, tflops and mfu
+(when the device's peak is known); eval records:
 step, tokens, eval_loss, eval_ppl), TensorBoard when installed, W&B when configured."""
 
 import json
@@ -68,10 +69,17 @@ class MetricsLogger:
             TextColumn("loss {task.fields[loss]:.4f}"),
             TextColumn("lr {task.fields[lr]:.2e}"),
             TextColumn("{task.fields[tps]:,.0f} tok/s"),
+            TextColumn("{task.fields[flops]}"),
         )
         self.progress.start()
         self.task = self.progress.add_task(
-            "uptrain", total=total_steps, completed=start_step, loss=float("nan"), lr=0.0, tps=0.0
+            "uptrain",
+            total=total_steps,
+            completed=start_step,
+            loss=float("nan"),
+            lr=0.0,
+            tps=0.0,
+            flops="",
         )
 
     def step(self, record: dict) -> None:
@@ -86,9 +94,10 @@ class MetricsLogger:
                 loss=record["loss"],
                 lr=record["lr"],
                 tps=record["tokens_per_s"],
+                flops=_flops_text(record),
             )
             if self.tb:
-                for key in ("loss", "lr", "tokens_per_s", "grad_norm"):
+                for key in ("loss", "lr", "tokens_per_s", "grad_norm", "tflops", "mfu"):
                     if record.get(key) is not None:
                         self.tb.add_scalar(f"train/{key}", record[key], step)
         if self.wandb:
@@ -126,6 +135,12 @@ class MetricsLogger:
             self.tb.close()
         if self.wandb:
             self.wandb.finish()
+
+
+def _flops_text(record: dict) -> str:
+    if "mfu" in record:
+        return f"MFU {record['mfu']:.1%}"
+    return f"{record['tflops']:.3g} TFLOP/s" if "tflops" in record else ""
 
 
 def _tensorboard(path: Path):

@@ -37,6 +37,7 @@ from .metrics import MetricsLogger, truncate_metrics
 from .recipe import Recipe, total_steps
 from .schedule import make_scheduler
 from .teacher import resolve_teacher
+from .throughput import device_peak_flops, flops_fields
 
 
 class UptrainRecipe:
@@ -68,6 +69,9 @@ class UptrainRecipe:
                 "(max_position_embeddings): lower data.seq_len"
             )
         self.total_steps = total_steps(r)
+        teacher_params = count_parameters(read_config(self.teacher_dir)) if self.teacher_dir else 0
+        self.flops_per_token = 6 * count_parameters(self.model_config) + 2 * teacher_params
+        self.peak_flops = device_peak_flops(env.device, r.model.dtype)
         self.tokenizer = _load_tokenizer(self.model_dir, r.model.trust_remote_code)
         self.train_data = make_train_batches(r, self.tokenizer, env.local_rank, _stderr)
         self.eval_blocks = self._eval_blocks()
@@ -338,6 +342,12 @@ class UptrainRecipe:
                 "lr": lr,
                 "grad_norm": _grad_norm(engine),
                 "tokens_per_s": r.batch.global_batch_tokens / elapsed,
+                **flops_fields(
+                    self.flops_per_token,
+                    r.batch.global_batch_tokens / elapsed,
+                    env.world_size,
+                    self.peak_flops,
+                ),
                 "time": time.time(),
             }
             if kls:
