@@ -39,3 +39,27 @@ def test_failed_export_keeps_the_old_destination_and_leaves_no_temp_dir(tmp_path
         write_export(changed, model_dir, dst, info, "", overwrite=True)
     assert snapshot(dst) == before
     assert sorted(p.name for p in dst.parent.iterdir()) == ["final"]
+
+
+def test_export_streams_weights_into_shards_as_they_fill(tmp_path, tokenizer_dir):
+    fields = tiny_config().to_dict()
+    for key in ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype"):
+        fields.pop(key, None)
+    torch.manual_seed(0)
+    model = SkipV1LlamaForCausalLM(SkipV1LlamaConfig(**fields, skip_v_heads=2))
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    for file in tokenizer_dir.iterdir():
+        shutil.copy(file, model_dir / file.name)
+    info = {"dtype": "float32", "model": str(model_dir), "tokens": 0, "steps": 0}
+    info.update(tokens_per_step=1, train_flops=0.0, skip_v_heads=2)
+    dst = tmp_path / "export"
+    stream = ((k, v) for k, v in model.state_dict().items())  # a stream, not a dict
+    write_export(stream, model_dir, dst, info, "", max_shard_bytes=64 * 1024)
+    shards = sorted(p.name for p in dst.glob("*.safetensors"))
+    assert len(shards) > 2 and shards[0].startswith("model-00001-of-")
+    assert (dst / "model.safetensors.index.json").is_file()
+    assert not list(dst.glob(".part-*"))
+    loaded = SkipV1LlamaForCausalLM.from_pretrained(dst)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name

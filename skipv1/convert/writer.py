@@ -60,3 +60,41 @@ def write_shards(
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return {"files": files, "total_size": total}
+
+
+def write_shards_as_they_fill(
+    out: Path, tensors: Iterable[tuple[str, torch.Tensor]], max_shard_bytes: int
+) -> dict:
+    """Like write_shards for a stream whose sizes are not planned ahead (an export gathering
+    weights layer by layer): a shard is written when it reaches `max_shard_bytes`, under a
+    temporary name, and the shards are named `model-0000i-of-0000N` once N is known."""
+    parts: list[tuple[Path, list[str]]] = []
+    pending: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        nonlocal size
+        path = out / f".part-{len(parts):05d}.safetensors"
+        save_file(_unshare(pending), path, metadata={"format": "pt"})
+        parts.append((path, list(pending)))
+        pending.clear()
+        size = 0
+
+    for name, tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if pending and size + nbytes > max_shard_bytes:
+            flush()
+        pending[name] = tensor.contiguous()
+        size += nbytes
+        total += nbytes
+    if pending or not parts:
+        flush()
+    files = shard_file_names(len(parts))
+    weight_map = {}
+    for (path, names), file in zip(parts, files, strict=True):
+        path.rename(out / file)
+        weight_map.update(dict.fromkeys(names, file))
+    if len(files) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return {"files": files, "total_size": total}

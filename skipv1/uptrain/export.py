@@ -3,43 +3,66 @@
 model card. Written through skipv1.atomic_dir: DST is the old export, the new one or absent, never half
 written, and no temporary directory is left behind.
 
-Weights come from the live engine at the end of a run (ZeRO-3 parameters gathered), or, for
-`skipv1 export RUN_DIR DST`, from a checkpoint on disk (ZeRO shards merged by DeepSpeed's
-`zero_to_fp32`), without any process group.
+Weights come from the live engine at the end of a run (ZeRO-3 parameters gathered one decoder
+layer at a time), or, for `skipv1 export RUN_DIR DST`, from a checkpoint on disk (ZeRO shards
+merged one weight at a time by DeepSpeed's `zero_to_fp32` in lazy mode), without any process
+group; either way they stream into safetensors shards written as they fill.
 """
 
 import json
+import re
 import shutil
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 
 from ..atomic_dir import atomic_workspace, remove_stale_workspaces
+from ..convert.writer import write_shards_as_they_fill
 from ..errors import SkipV1Error
 from .checkpointing import COMPLETE, check_plain_pickles, complete_checkpoints, read_state
-from .gradual import strip_blend
+from .gradual import BLEND_MARKER
 
 UPTRAIN_FILE = "skipv1_uptrain.json"
+SHARD_BYTES = 5 * 2**30  # transformers' default max_shard_size
 
 
-def gather_live_state_dict(engine, rank: int) -> dict | None:
-    """Full weights of the engine's module on rank 0 (every rank must call this)."""
+def iter_live_weights(engine, rank: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) pairs of the engine's weights, yielded on rank 0. Under ZeRO-3 every
+    rank must drain it: parameters are gathered one decoder layer at a time, so no rank holds
+    more than one gathered layer beyond its own partition."""
     module = engine.module
-    if engine.zero_optimization_stage() == 3:
-        import deepspeed
+    if engine.zero_optimization_stage() != 3:
+        if rank == 0:
+            for name, tensor in module.state_dict().items():
+                yield name, tensor.detach().cpu()
+        return
+    import deepspeed
 
-        params = list(module.parameters())
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            if rank != 0:
-                return None
-            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-    if rank != 0:
-        return None
-    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+    for group in layer_groups(module):
+        with deepspeed.zero.GatheredParameters([p for _, p in group], modifier_rank=None):
+            if rank == 0:
+                for name, param in group:
+                    yield name, param.detach().cpu().clone()
+    if rank == 0:  # persistent buffers are not partitioned
+        params = {name for name, _ in module.named_parameters()}
+        for name, tensor in module.state_dict(keep_vars=True).items():
+            if name not in params:
+                yield name, tensor.detach().cpu()
 
 
-def checkpoint_state_dict(ckpt: Path, trusted: bool = False) -> dict:
-    """Full fp32 (ZeRO >= 1) or training-dtype (no ZeRO) weights from a checkpoint directory."""
+def layer_groups(module) -> list[list[tuple[str, torch.nn.Parameter]]]:
+    """Parameters grouped by decoder layer (`...layers.N.`), the others one by one."""
+    groups: dict[str, list] = {}
+    for name, param in module.named_parameters():
+        layer = re.match(r"(.*\.layers\.\d+)\.", name)
+        groups.setdefault(layer.group(1) if layer else name, []).append((name, param))
+    return list(groups.values())
+
+
+def checkpoint_state_dict(ckpt: Path, trusted: bool = False):
+    """Full fp32 (ZeRO >= 1, merged one weight at a time) or training-dtype (no ZeRO) weights
+    from a checkpoint directory, as a dict or a stream of (name, tensor) pairs."""
     check_plain_pickles(ckpt, trusted)
     state = read_state(ckpt)
     if state.get("zero_stage", 0) == 0:
@@ -49,7 +72,9 @@ def checkpoint_state_dict(ckpt: Path, trusted: bool = False) -> dict:
         return torch.load(files[0], map_location="cpu", weights_only=not trusted)["module"]
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+    # lazy: each weight is merged from the ZeRO shards when the export reaches it
+    lazy = get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name, lazy_mode=True)
+    return ((name, tensor.contiguous()) for name, tensor in lazy.items())
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -74,15 +99,18 @@ def latest_checkpoint(run_dir: Path) -> Path:
 
 
 def write_export(
-    state_dict: dict,
+    weights: "Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]",
     model_dir: Path,
     dst: Path,
     info: dict,
     recipe_yaml: str,
     overwrite: bool = False,
+    max_shard_bytes: int = SHARD_BYTES,
 ) -> Path:
-    """Writes the HF checkpoint for `state_dict` with the config/tokenizer of `model_dir`."""
+    """Writes the HF checkpoint for `weights` (a state dict or a stream of pairs, written into
+    safetensors shards as they fill) with the config/tokenizer of `model_dir`."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.dynamic_module_utils import custom_object_save
 
     dst = Path(dst)
     if dst.exists() and not overwrite:
@@ -92,27 +120,47 @@ def write_export(
     dtype = getattr(torch, info["dtype"])
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust)
-    weights = {k: v.to(dtype) for k, v in strip_blend(state_dict).items()}
-    missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
-    tied = {"lm_head.weight"} if config.get_text_config().tie_word_embeddings else set()
-    if set(missing) - tied or unexpected:
+    try:  # before any weight is consumed: a failure later would leave ranks in a gather
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust)
+    except (OSError, ValueError) as err:
         raise SkipV1Error(
-            f"the checkpoint's weights do not match the model in {model_dir} (missing "
-            f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]})"
-        )
-    if tied:
-        model.tie_weights()
+            f"cannot load the tokenizer of {model_dir} ({str(err).splitlines()[0][:200]}): "
+            "restore its tokenizer files and rerun; nothing was written"
+        ) from None
+    expected = set(model.state_dict())
+    tied = {"lm_head.weight"} if config.get_text_config().tie_word_embeddings else set()
+    pairs = weights.items() if isinstance(weights, Mapping) else weights
+    seen: set[str] = set()
+
+    def checked() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in pairs:
+            if BLEND_MARKER in name or name in tied:
+                continue
+            if name not in expected:
+                raise SkipV1Error(
+                    f"the checkpoint's weights do not match the model in {model_dir} "
+                    f"(unexpected {name})"
+                )
+            seen.add(name)
+            yield name, tensor.to(dtype)
+
     remove_stale_workspaces(dst)
     with atomic_workspace(dst, overwrite) as work:
         out = work / "out"
-        model.save_pretrained(out)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust)
-        except (OSError, ValueError) as err:
+        out.mkdir(exist_ok=True)
+        write_shards_as_they_fill(out, checked(), max_shard_bytes)
+        if missing := sorted(expected - seen - tied):
             raise SkipV1Error(
-                f"cannot load the tokenizer of {model_dir} ({str(err).splitlines()[0][:200]}): "
-                "restore its tokenizer files and rerun; nothing was written"
-            ) from None
+                f"the checkpoint's weights do not match the model in {model_dir} (missing "
+                f"{missing[:3]})"
+            )
+        model.config.architectures = [type(model).__name__]
+        model.config.dtype = dtype
+        model.config.save_pretrained(out)
+        if model.can_generate():
+            model.generation_config.save_pretrained(out)
+        if getattr(model, "_auto_class", None) is not None:  # the modeling code auto_map names
+            custom_object_save(model, out, config=model.config)
         tokenizer.save_pretrained(out)
         provenance = Path(model_dir) / "skipv1_conversion.json"
         if provenance.is_file():

@@ -8,7 +8,7 @@ During the ramp each later layer uses, for its borrowed heads j >= n_kv - s,
 where v_source_j are the source's own value rows for those heads (frozen, read from the source
 checkpoint) and v0_j layer 0's values. At m = 0 a `--init keep` conversion computes exactly the
 source's function; from the end of the ramp on it computes exactly the SkipV1 function, and the
-frozen rows are dropped from checkpoints' exports (`strip_blend`), so the export is the plain
+frozen rows are dropped from exports (`BLEND_MARKER`), so the export is the plain
 SkipV1 checkpoint.
 """
 
@@ -119,7 +119,5 @@ def source_value_rows(source_dir: Path, layers: int) -> dict[int, tuple]:
     return rows
 
 
-def strip_blend(state_dict: dict) -> dict:
-    """The state dict without the gradual-conversion rows (the plain SkipV1 checkpoint)."""
-    marker = f".{BLEND_MODULE}."
-    return {k: v for k, v in state_dict.items() if marker not in k}
+BLEND_MARKER = f".{BLEND_MODULE}."  # in the names of the gradual-conversion rows, which the
+# export drops (the plain SkipV1 checkpoint)

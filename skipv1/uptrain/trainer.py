@@ -31,7 +31,7 @@ from .engine import (
     offloads_optimizer,
     zero_stage,
 )
-from .export import gather_live_state_dict, write_export
+from .export import iter_live_weights, write_export
 from .gradual import GradualConversion
 from .metrics import MetricsLogger, truncate_metrics
 from .recipe import Recipe, total_steps
@@ -417,19 +417,26 @@ class UptrainRecipe:
         """RUN_DIR/export from the live engine's weights (all ranks call; rank 0 writes)."""
         if self.gradual:
             self.gradual.set_step(self.total_steps)
-        weights = gather_live_state_dict(self.engine, self.env.rank)
+        weights = iter_live_weights(self.engine, self.env.rank)
         dst = None
         if self.env.is_main:
             info = dict(self.plan(), final_eval_ppl=self.last_eval_ppl)
-            dst = write_export(
-                weights,
-                self.model_dir,
-                self.run_dir / "export",
-                info,
-                self.recipe.to_yaml(),
-                overwrite=True,
-            )
+            try:
+                dst = write_export(
+                    weights,
+                    self.model_dir,
+                    self.run_dir / "export",
+                    info,
+                    self.recipe.to_yaml(),
+                    overwrite=True,
+                )
+            finally:  # a failed write still takes part in the other ranks' gathers
+                for _ in weights:
+                    pass
             self.metrics.print(f"exported to {dst}")
+        else:
+            for _ in weights:  # the gathers, one layer at a time
+                pass
         _barrier()
         return dst
 
