@@ -337,3 +337,14 @@ def test_a_stale_deepspeed_build_lock_is_named_instead_of_waited_on(workdir, tmp
     assert proc.returncode == 2, err[-2000:]
     assert f"DeepSpeed's build lock {lock} is 60 minutes old" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_non_finite_loss_stops_the_run_naming_the_step_before_checkpointing_it(workdir):
+    run = uptrain(workdir, "diverged", "optim.lr=1e30", "optim.grad_clip=0", nproc=1)
+    _, err = run.communicate(timeout=240)
+    assert run.returncode == 2, err[-2000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert "at step" in line and "stopped before checkpointing this step" in line, line
+    step = int(line.split("at step ")[1].split(":")[0])
+    saved = [p.name for p in (workdir / "diverged" / "checkpoints").glob("step_*")]
+    assert f"step_{step:08d}" not in saved

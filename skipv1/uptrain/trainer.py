@@ -356,7 +356,7 @@ class UptrainRecipe:
                 record["value_mix"] = self.gradual.mix_at(step - 1)
             self.metrics.step(record)
             if not math.isfinite(loss):
-                raise SkipV1Error(f"loss is {loss} at step {step}: lower optim.lr")
+                raise SkipV1Error(self._non_finite_message(loss, step))
             last = step == self.total_steps
             if r.eval.every and step % r.eval.every == 0 and not last:
                 self.validate(step)
@@ -364,6 +364,19 @@ class UptrainRecipe:
                 if last:
                     self.validate(step)
                 self.save_checkpoint(step)
+
+    def _non_finite_message(self, loss: float, step: int) -> str:
+        """The run stops before this step is checkpointed, so the latest checkpoint is good."""
+        found = checkpointing.complete_checkpoints(self.ckpt_dir)
+        latest = (
+            f"the latest checkpoint, {found[-1].name}, is from before it"
+            if found
+            else ("no checkpoint was written yet")
+        )
+        return (
+            f"loss is {loss} at step {step}: stopped before checkpointing this step ({latest}); "
+            "lower optim.lr or check the data, then rerun to resume"
+        )
 
     @torch.no_grad()
     def validate(self, step: int) -> float | None:
