@@ -69,6 +69,7 @@ def export_source(dst: Path) -> None:
 
 
 def convert(source: Path, init: str, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
     cmd = [*skipv1_cmd(), "convert", str(source), str(dst / "model"), "--init", init]
     run_logged([*cmd, "--skip-heads", "1", "--quiet"], dst / "log.txt")
 

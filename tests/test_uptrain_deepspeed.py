@@ -18,6 +18,7 @@ from factories import tiny_config, write_corpus
 from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
 from skipv1.checkpoint_info import read_config
 from skipv1.modeling.layout import count_parameters
+from skipv1.uptrain.launch import free_port
 from skipv1.uptrain.metrics import read_metrics
 
 SKIPV1 = str(Path(sys.executable).parent / "skipv1")
@@ -348,3 +349,27 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step_before_checkpointing_it
     step = int(line.split("at step ")[1].split(":")[0])
     saved = [p.name for p in (workdir / "diverged" / "checkpoints").glob("step_*")]
     assert f"step_{step:08d}" not in saved
+
+
+def test_two_nodes_on_loopback_give_the_single_node_losses(workdir, zero2_run):
+    """torchrun's c10d rendezvous, started twice (node ranks 0 and 1, one rank each)."""
+    port = free_port()
+    nodes = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
+        cmd += ["--nproc-per-node", "1", "--node-rank", str(node), "--rdzv-backend", "c10d"]
+        cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "loopback"]
+        cmd += ["-m", "skipv1.uptrain", str(workdir / "recipe.yaml")]
+        cmd += [f"run_dir={workdir / 'two-nodes'}", "log.progress=false"]
+        env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+        nodes.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    for proc in nodes:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    two_nodes, one_node = train_losses(workdir / "two-nodes"), train_losses(zero2_run)
+    assert sorted(two_nodes) == sorted(one_node)
+    assert all(two_nodes[s] == pytest.approx(one_node[s], abs=1e-6) for s in one_node)

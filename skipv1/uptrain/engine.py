@@ -10,6 +10,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -78,8 +79,9 @@ def check_build_lock() -> None:
     )
 
 
-def init_distributed(env: DistEnv) -> None:
-    """NCCL on GPUs, gloo on CPU; a single process still gets a (1-rank) group for DeepSpeed."""
+def init_distributed(env: DistEnv, timeout_s: int = 600) -> None:
+    """NCCL on GPUs, gloo on CPU; a single process still gets a (1-rank) group for DeepSpeed.
+    A collective that waits `timeout_s` (a peer died) raises instead of hanging."""
     import deepspeed
     import torch.distributed as dist
 
@@ -95,7 +97,9 @@ def init_distributed(env: DistEnv) -> None:
         check_build_lock()
     if not dist.is_initialized():
         backend = "nccl" if env.device.type == "cuda" else "gloo"
-        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        deepspeed.init_distributed(
+            dist_backend=backend, verbose=False, timeout=timedelta(seconds=timeout_s)
+        )
 
 
 def deepspeed_config(recipe: Recipe, world_size: int, load_universal: bool = False) -> dict:

@@ -88,6 +88,7 @@ class DeepSpeedSection:
     offload_optimizer: bool = False  # ZeRO >= 1: optimizer state in CPU memory (DeepSpeedCPUAdam)
     offload_params: bool = False  # ZeRO-3: parameters in CPU memory
     config: str | None = None  # a DeepSpeed JSON used as the base config
+    timeout_s: int = 600  # a collective waiting longer (a rank or node died) ends the run
 
 
 @dataclass

@@ -53,7 +53,7 @@ class UptrainRecipe:
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
         r, env = self.recipe, self.env
-        init_distributed(env)
+        init_distributed(env, r.deepspeed.timeout_s)
         _quiet_libraries(env.is_main)
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
