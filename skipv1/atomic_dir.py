@@ -15,6 +15,17 @@ from .errors import SkipV1Error
 TMP_MARK = ".skipv1-tmp-"
 
 
+def resolve_path(path: Path, role: str) -> Path:
+    """`path` resolved, or a one-line error when it runs through a symlink loop."""
+    try:
+        return Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as err:  # pathlib raises RuntimeError for loops
+        raise SkipV1Error(
+            f"{role} {path} cannot be resolved ({err}): it lies in a symlink loop or an "
+            "unreadable directory; choose another path"
+        ) from None
+
+
 def workspace_path(dst: Path, pid: int | None = None) -> Path:
     return dst.parent / f".{dst.name}{TMP_MARK}{os.getpid() if pid is None else pid}"
 

@@ -240,3 +240,9 @@ def test_hub_id_while_offline(tmp_path, monkeypatch):
     assert_refused(
         "no-such-org/no-such-model", tmp_path / "dst", match="could not be fetched from the Hub"
     )
+
+
+def test_destination_inside_a_symlink_loop(checkpoint, tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert_refused(checkpoint(), tmp_path / "a" / "out", match="lies in a symlink loop")

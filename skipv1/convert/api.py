@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..atomic_dir import atomic_workspace, remove_stale_workspaces
+from ..atomic_dir import atomic_workspace, remove_stale_workspaces, resolve_path
 from ..checkpoint_info import check_supported, is_skipv1, read_config
 from ..console import byte_progress, console
 from ..errors import SkipV1Error
@@ -173,7 +173,7 @@ def locate_source(src: "str | Path") -> Source:
 
 
 def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
-    src_r, dst_r = src.resolve(), dst.resolve()
+    src_r, dst_r = resolve_path(src, "SRC"), resolve_path(dst, "DST")
     if dst_r == src_r or src_r in dst_r.parents:
         raise SkipV1Error(f"DST {dst} is inside SRC {src}: choose a directory outside the source")
     if dst.exists() or dst.is_symlink():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..atomic_dir import atomic_workspace, remove_stale_workspaces
+from ..atomic_dir import atomic_workspace, remove_stale_workspaces, resolve_path
 from ..convert.writer import write_shards_as_they_fill
 from ..errors import SkipV1Error
 from .checkpointing import COMPLETE, check_plain_pickles, complete_checkpoints, read_state
@@ -172,8 +172,8 @@ def write_export(
 
 def check_export_destination(dst: Path, run_dir: Path, ckpt: Path, overwrite: bool) -> None:
     """Before any merging: DST must not be, hold or lie inside the run or its checkpoints."""
-    dst_r = dst.expanduser().resolve()
-    for protected in {run_dir.resolve(), ckpt.parent.resolve()}:
+    dst_r = resolve_path(dst, "DST")
+    for protected in {resolve_path(run_dir, "RUN_DIR"), resolve_path(ckpt.parent, "checkpoints")}:
         if dst_r == protected or protected in dst_r.parents or dst_r in protected.parents:
             raise SkipV1Error(
                 f"DST {dst} is, holds or lies inside the run's directory {protected}: exporting "
