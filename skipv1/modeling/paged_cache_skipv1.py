@@ -40,8 +40,16 @@ class SkipV1CacheAllocator(FullAttentionCacheAllocator):
     # decoding reads through the index path like eager and SDPA do.
     supports_block_table = False
 
-    def __init__(self, index, config, num_key_value_heads, cache_dtype, page_size, layer_indices,
-                 allow_block_sharing) -> None:  # fmt: skip
+    def __init__(
+        self,
+        index: int,
+        config,
+        num_key_value_heads: int,
+        cache_dtype: torch.dtype,
+        page_size: int,
+        layer_indices: list[int],
+        allow_block_sharing: bool,
+    ) -> None:
         self.head_dim = find_head_dim(config)
         self.num_key_value_heads = num_key_value_heads
         self.cache_dtype = cache_dtype

@@ -265,9 +265,9 @@ def train_store(recipe, tokenizer, local_rank: int, num_proc: int = 1, log=print
     path = store_dir(Path(d.cache_dir) if d.cache_dir else default_cache_dir(), identity)
     if not (path / META).is_file():
         if local_rank == 0:
+            limit = None if stream is None else stream["blocks"]
             shuffle = None if stream is None else (d.seed, d.shuffle_buffer)
-            build_store(spec, tokenizer, d.seq_len, path, identity, num_proc,
-                        None if stream is None else stream["blocks"], shuffle, log)  # fmt: skip
+            build_store(spec, tokenizer, d.seq_len, path, identity, num_proc, limit, shuffle, log)
         else:
             _wait_for(path, d.store_timeout)
     return path, check_store(path, identity)
