@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from factories import build_tokenizer, make_checkpoint
+from factories import build_tokenizer, make_checkpoint, tiny_config
 from test_model import SHAPES, random_model, skip_config
-from transformers import GenerationConfig, LlamaConfig
+from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching import PagedAttentionCache
 from transformers.generation.continuous_batching.cache_allocators import (
@@ -94,14 +94,7 @@ def test_paged_blocks_hold_exactly_the_skipv1_kv_bytes(heads, kv, s):
 
 
 def test_stock_models_keep_the_stock_allocator():
-    config = LlamaConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=97,
-    )
+    config = tiny_config(num_key_value_heads=2)
     (allocator,) = paged_cache(config, num_blocks=8).cache_allocators.values()
     assert type(allocator) is FullAttentionCacheAllocator
 

@@ -16,7 +16,8 @@ def snapshot(path):
     return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
 
 
-def test_failed_export_keeps_the_old_destination_and_leaves_no_temp_dir(tmp_path, tokenizer_dir):
+def saved_model(tmp_path, tokenizer_dir):
+    """A random SkipV1 model saved with a tokenizer, and the export info for it."""
     fields = tiny_config().to_dict()
     for key in ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype"):
         fields.pop(key, None)
@@ -28,6 +29,11 @@ def test_failed_export_keeps_the_old_destination_and_leaves_no_temp_dir(tmp_path
         shutil.copy(file, model_dir / file.name)
     info = {"dtype": "float32", "model": str(model_dir), "tokens": 0, "steps": 0}
     info.update(tokens_per_step=1, train_flops=0.0, skip_v_heads=2)
+    return model, model_dir, info
+
+
+def test_failed_export_keeps_the_old_destination_and_leaves_no_temp_dir(tmp_path, tokenizer_dir):
+    model, model_dir, info = saved_model(tmp_path, tokenizer_dir)
     dst = tmp_path / "exports" / "final"
     write_export(model.state_dict(), model_dir, dst, info, "")
     before = snapshot(dst)
@@ -42,17 +48,7 @@ def test_failed_export_keeps_the_old_destination_and_leaves_no_temp_dir(tmp_path
 
 
 def test_export_streams_weights_into_shards_as_they_fill(tmp_path, tokenizer_dir):
-    fields = tiny_config().to_dict()
-    for key in ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype"):
-        fields.pop(key, None)
-    torch.manual_seed(0)
-    model = SkipV1LlamaForCausalLM(SkipV1LlamaConfig(**fields, skip_v_heads=2))
-    model_dir = tmp_path / "model"
-    model.save_pretrained(model_dir)
-    for file in tokenizer_dir.iterdir():
-        shutil.copy(file, model_dir / file.name)
-    info = {"dtype": "float32", "model": str(model_dir), "tokens": 0, "steps": 0}
-    info.update(tokens_per_step=1, train_flops=0.0, skip_v_heads=2)
+    model, model_dir, info = saved_model(tmp_path, tokenizer_dir)
     dst = tmp_path / "export"
     stream = ((k, v) for k, v in model.state_dict().items())  # a stream, not a dict
     write_export(stream, model_dir, dst, info, "", max_shard_bytes=64 * 1024)
