@@ -16,7 +16,9 @@ from typing import Any, Literal
 
 import yaml
 
-from ..convert.init_registry import DEFAULT_CALIB_DISTILL_STEPS, DEFAULT_INIT, INITS
+from ..convert.inits import get_init
+from ..convert.options import CONVERT_DEFAULTS as CONVERT
+from ..convert.options import ConvertOptions
 from ..errors import SkipV1Error
 
 DataSource = Any  # a data spec string or mapping, checked by skipv1.textdata
@@ -26,18 +28,30 @@ DataSource = Any  # a data spec string or mapping, checked by skipv1.textdata
 class ModelSection:
     path: str | None = None  # an already converted SkipV1 checkpoint (or any supported source)
     source: str | None = None  # an MHA/GQA checkpoint, converted on the fly into the run dir
-    skip_heads: int | None = None  # convert option: s (default: half the KV heads)
-    init: str = DEFAULT_INIT  # convert option: how the kept value heads are initialised
-    calib_data: DataSource = "embedded:train"  # convert options for calibrated inits
-    calib_tokens: int = 32768
-    calib_seq_len: int = 256
-    calib_distill_steps: int = DEFAULT_CALIB_DISTILL_STEPS  # init reconstruct: last stage
+    # convert options for model.source (skipv1/convert/options.py says what each does)
+    skip_heads: int | None = CONVERT.skip_heads
+    init: str = CONVERT.init
+    calib_data: DataSource = CONVERT.calib_data
+    calib_tokens: int = CONVERT.calib_tokens
+    calib_seq_len: int = CONVERT.calib_seq_len
+    calib_distill_steps: int = CONVERT.calib_distill_steps
     # > 0: gradual conversion over this fraction of the budget (skipv1/uptrain/gradual.py);
     # needs `init: keep` and the source's weights (model.source or distill.teacher)
     gradual_fraction: float = 0.0
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"  # training precision
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False
+
+    def convert_options(self) -> ConvertOptions:
+        return ConvertOptions(
+            skip_heads=self.skip_heads,
+            init=self.init,
+            trust_remote_code=self.trust_remote_code,
+            calib_data=self.calib_data,
+            calib_tokens=self.calib_tokens,
+            calib_seq_len=self.calib_seq_len,
+            calib_distill_steps=self.calib_distill_steps,
+        )
 
 
 @dataclass
@@ -270,14 +284,7 @@ def check_recipe(r: Recipe) -> None:
         )
     if r.data.train is None:
         raise SkipV1Error("`data.train` is missing: give files, a glob, `embedded` or a Hub name")
-    if r.model.init not in INITS:
-        raise SkipV1Error(f"`model.init` is {r.model.init!r}: choose one of {', '.join(INITS)}")
-    _positive(r.model.calib_tokens, "model.calib_tokens")
-    _positive(r.model.calib_seq_len, "model.calib_seq_len")
-    if r.model.calib_distill_steps < 0:
-        raise SkipV1Error(
-            f"`model.calib_distill_steps` is {r.model.calib_distill_steps}: it must be 0 or more"
-        )
+    r.model.convert_options().check(name=lambda field: f"`model.{field}`")
     _check_gradual(r)
     if r.data.seq_len < 2:
         raise SkipV1Error(f"`data.seq_len` is {r.data.seq_len}: it must be at least 2")
@@ -346,7 +353,7 @@ def _check_gradual(r: Recipe) -> None:
         )
     if not m.gradual_fraction:
         return
-    if m.source is not None and m.init != "keep":
+    if m.source is not None and not get_init(m.init).keeps_source_heads:
         raise SkipV1Error(
             f"`model.gradual_fraction` starts from the source's function only with `model.init: "
             f"keep` (own heads = source heads, o_proj unchanged); it is {m.init!r}"
