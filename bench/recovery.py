@@ -258,7 +258,7 @@ def arm_model(arm: str, source: Path, data: Path, scale: Scale, out: Path) -> Pa
     if (model / "config.json").is_file():
         return model
     if init == "gqa":
-        from skipv1.convert.gqa import write_pooled_gqa
+        from gqa_pool import write_pooled_gqa
 
         write_pooled_gqa(source, model, scale.heads // 2)
         return model

@@ -19,11 +19,11 @@ from ..checkpoint_info import check_supported, is_skipv1, read_config
 from ..convert.inits import get_init
 from ..errors import SkipV1Error
 from ..modeling.layout import count_parameters
+from ..units import torch_dtype
 from . import checkpointing
 from .data import load_blocks, make_train_batches, rank_micro_batches
 from .distill import distillation_loss
 from .engine import (
-    DTYPES,
     deepspeed_config,
     dist_env,
     init_distributed,
@@ -165,7 +165,7 @@ class UptrainRecipe:
             keep_alive = HfDeepSpeedConfig(self.ds_config)
         model = AutoModelForCausalLM.from_pretrained(
             self.model_dir,
-            dtype=DTYPES[self.recipe.model.dtype],
+            dtype=torch_dtype(self.recipe.model.dtype),
             trust_remote_code=self.recipe.model.trust_remote_code,
         )
         # transformers holds it by weak reference: dropping it stops later from_config calls
@@ -213,7 +213,7 @@ class UptrainRecipe:
             )
         teacher = AutoModelForCausalLM.from_pretrained(
             self.teacher_dir,
-            dtype=DTYPES[self.recipe.model.dtype],
+            dtype=torch_dtype(self.recipe.model.dtype),
             trust_remote_code=self.recipe.model.trust_remote_code,
         )
         teacher.config.use_cache = False
