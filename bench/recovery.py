@@ -538,7 +538,7 @@ started under `nice`):
   mean-pooled in adjacent pairs (`skipv1.convert.gqa`), a plain Llama checkpoint.
 - Compute column: training FLOPs of the arm's 15% of T (6 x its parameters x tokens, plus
   2 x the teacher's parameters x tokens with distillation) as a share of the source's
-  pretraining FLOPs. KV bytes/token: the formula of DESIGN.md at 2 bytes per value.
+  pretraining FLOPs. KV bytes/token: the formula of docs/design.md at 2 bytes per value.
 - Wall time (s, mean per seed), on 2 CPU cores shared with other work:
   {", ".join(f"{k} {v:.0f}" for k, v in times.items())}.
 

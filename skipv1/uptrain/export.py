@@ -1,4 +1,4 @@
-"""Export: a consolidated checkpoint in the DESIGN.md format (save_pretrained, so config with
+"""Export: a consolidated checkpoint in the docs/design.md format (save_pretrained, so config with
 `auto_map` and the modeling code next to the weights), the tokenizer, `skipv1_uptrain.json` and a
 model card. Written through skipv1.atomic_dir: DST is the old export, the new one or absent, never half
 written, and no temporary directory is left behind.
