@@ -21,10 +21,14 @@ class Calibrated(Init):
         # q/k/v rows and o_proj columns of later layers are permuted by head, o_proj refitted
         return later_attention_projection(name) is not None
 
-    def fit(self, run):
+    def layer_fit(self):
+        """The layer-by-layer pass: fn(config, load, ids, s, on_layer=, device=)."""
         from ..calibrate import calibrate
 
-        return calibrate(
+        return calibrate
+
+    def fit(self, run):
+        return self.layer_fit()(
             run.config,
             run.load,
             run.ids,

@@ -21,17 +21,13 @@ class Reconstruct(Calibrated):
     def rewrites(self, name: str) -> bool:
         return super().rewrites(name) or is_later_down_proj(name)
 
-    def fit(self, run):
+    def layer_fit(self):
         from ..reconstruct import reconstruct
 
-        result = reconstruct(
-            run.config,
-            run.load,
-            run.ids,
-            run.skip_heads,
-            on_layer=run.layer_progress(self.name),
-            device=run.device,
-        )
+        return reconstruct
+
+    def fit(self, run):
+        result = super().fit(run)
         steps = run.options.calib_distill_steps
         if steps:
             from ..distill_attention import distill_attention
