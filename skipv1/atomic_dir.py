@@ -1,4 +1,5 @@
-"""One atomic-directory helper for every command that writes a directory (convert, export):
+"""One atomic-directory helper for everything that writes a directory (convert, export, the
+token store, the universal-checkpoint copy, the demo's source export):
 a temporary workspace beside DST whose `out/` is renamed to DST on success and which is removed
 on any error, Ctrl-C or SIGTERM, so DST is either the old one, the new one, or absent."""
 
@@ -13,6 +14,10 @@ from pathlib import Path
 from .errors import SkipV1Error
 
 TMP_MARK = ".skipv1-tmp-"
+
+
+class DestinationAppeared(SkipV1Error):
+    """DST was created by another process while this one was writing it (nothing replaced)."""
 
 
 def resolve_path(path: Path, role: str) -> Path:
@@ -116,7 +121,9 @@ def _publish(work: Path, dst: Path, overwrite: bool) -> None:
             path.chmod(mode)
     if dst.exists() or dst.is_symlink():
         if not overwrite:  # another process created it while we were converting
-            raise SkipV1Error(f"{dst} appeared while it was being written: nothing was replaced")
+            raise DestinationAppeared(
+                f"{dst} appeared while it was being written: nothing was replaced"
+            )
         # Move the old one aside first so DST is never a mix of old and new files.
         os.rename(dst, work / "previous")
     try:

