@@ -31,6 +31,32 @@ def resolve_path(path: Path, role: str) -> Path:
         ) from None
 
 
+# Room for headers, config, tokenizer and provenance beyond the tensor bytes.
+DISK_SLACK = 16 * 2**20
+
+
+def check_room(dst: Path, need: int, role: str = "DST") -> None:
+    """Before anything is written: DST's filesystem must be writable and have `need` bytes
+    free (the up-front half of the disk contract; console.cli_command names a disk that fills
+    up later)."""
+    probe = dst.parent
+    while not probe.exists():
+        probe = probe.parent
+    stat = os.statvfs(probe)
+    if stat.f_flag & os.ST_RDONLY:
+        raise SkipV1Error(
+            f"{role} {dst} is on a read-only filesystem ({probe}): choose a writable place"
+        )
+    if not os.access(probe, os.W_OK):
+        raise SkipV1Error(f"{role} {dst}: {probe} is not writable by this user: choose another")
+    free = stat.f_bavail * stat.f_frsize
+    if need > free:
+        raise SkipV1Error(
+            f"not enough free disk for {dst}: the output needs {need / 1e9:.2f} GB and "
+            f"{probe} has {free / 1e9:.2f} GB free; free some space or choose another {role}"
+        )
+
+
 def workspace_path(dst: Path, pid: int | None = None) -> Path:
     return dst.parent / f".{dst.name}{TMP_MARK}{os.getpid() if pid is None else pid}"
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from .atomic_dir import atomic_workspace, remove_stale_workspaces
+from .atomic_dir import atomic_workspace, check_room, remove_stale_workspaces
 from .console import console, stdout
 from .convert.inits import DEFAULT_INIT, get_init
 from .errors import SkipV1Error
@@ -89,6 +89,7 @@ def check_settings(s: DemoSettings) -> None:
 
     if s.out.exists() and not s.out.is_dir():
         raise SkipV1Error(f"--out {s.out} is a file: give a directory")
+    check_room(s.out / "source", 0, "--out")
     if s.nproc < 1:
         raise SkipV1Error(f"--nproc {s.nproc} must be at least 1")
     if not 1 <= s.skip_heads <= 2:

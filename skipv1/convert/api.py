@@ -3,7 +3,6 @@ checkpoint inside a temporary workspace and rename it into place."""
 
 import json
 import math
-import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -12,7 +11,13 @@ from pathlib import Path
 
 import torch
 
-from ..atomic_dir import atomic_workspace, remove_stale_workspaces, resolve_path
+from ..atomic_dir import (
+    DISK_SLACK,
+    atomic_workspace,
+    check_room,
+    remove_stale_workspaces,
+    resolve_path,
+)
 from ..checkpoint_info import check_supported, is_skipv1, read_config
 from ..console import byte_progress, console
 from ..errors import SkipV1Error
@@ -37,8 +42,6 @@ from .writer import write_shards
 
 # Sources named by a built-in name instead of a path (the model the demo and tiny-cpu use).
 BUILTIN_SOURCES = {"builtin:smollm2": smollm2_gguf_path}
-# Room for headers, config, tokenizer and provenance beyond the tensor bytes.
-DISK_SLACK = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -262,16 +265,7 @@ def check_free_disk(dst: Path, prepared: Prepared) -> None:
     companions = sum(
         _size_of(prepared.root / n) for names in prepared.companions.values() for n in names
     )
-    need = prepared.bytes_out() + companions + DISK_SLACK
-    probe = dst.parent
-    while not probe.exists():
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    if need > free:
-        raise SkipV1Error(
-            f"not enough free disk for {dst}: the output needs {need / 1e9:.2f} GB and "
-            f"{probe} has {free / 1e9:.2f} GB free; free some space or choose another DST"
-        )
+    check_room(dst, prepared.bytes_out() + companions + DISK_SLACK)
 
 
 def _size_of(path: Path) -> int:
