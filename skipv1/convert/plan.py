@@ -158,7 +158,9 @@ def make_plan(
 
 def shard_layout(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:
     """Greedy, in order: a shard takes tensors while it stays under the limit; a tensor larger
-    than the limit gets a shard of its own (as transformers does)."""
+    than the limit gets a shard of its own. huggingface_hub's splitter gives the same shards
+    except there, where it takes the big tensor out of read order; the writer fills shards in
+    read order, so this stays ours (tests/test_shard_layout.py pins both)."""
     shards: list[list[str]] = []
     current: list[str] = []
     filled = 0
