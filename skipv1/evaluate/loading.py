@@ -20,20 +20,6 @@ class LoadedModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    @property
-    def eos_token_id(self) -> int:
-        """EOS separates documents in the perplexity stream."""
-        eos = self.tokenizer.eos_token_id
-        if eos is None:
-            eos = self.model.config.eos_token_id
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
-        if eos is None:
-            raise SkipV1Error(
-                f"{self.path} defines no EOS token (tokenizer or config): set eos_token_id"
-            )
-        return int(eos)
-
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
