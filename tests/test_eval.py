@@ -63,13 +63,12 @@ def write_docs(folder: Path, docs: list[str]) -> str:
 
 
 def reference_stream(path: Path, docs: list[str], max_tokens: int) -> torch.Tensor:
-    """Documents joined with EOS, tokenized here independently of skipv1."""
+    """EOS after every document, tokenized here independently of skipv1."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     ids = []
     for doc in docs:
-        if ids:
-            ids.append(tokenizer.eos_token_id)
         ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
+        ids.append(tokenizer.eos_token_id)
     return torch.tensor(ids[:max_tokens])
 
 
@@ -331,7 +330,7 @@ BAD_INPUTS = {
     ),
     "jsonl without a text field": (
         lambda t, s: [s, "--data", write(t / "q.jsonl", '{"question": "why"}\n')],
-        "without the text field 'text'",
+        "has no text field 'text': set `text_field` to one of",
     ),
     "hub dataset unreachable offline": (
         lambda t, s: [s, "--data", "no-such-user/no-such-dataset"],

@@ -1,4 +1,4 @@
-"""Recipe schema, schedule, data packing and bad data: fast tests, no process group."""
+"""Recipe schema, schedule, batch order and bad data: fast tests, no process group."""
 
 import json
 import subprocess
@@ -13,7 +13,6 @@ from skipv1.errors import SkipV1Error
 from skipv1.uptrain.data import (
     InMemoryBatches,
     load_blocks,
-    pack_blocks,
     rank_micro_batches,
 )
 from skipv1.uptrain.recipe import gradient_accumulation, load_recipe, total_steps
@@ -111,11 +110,6 @@ def test_schedule_warms_up_then_decays_to_min_ratio():
     assert lrs[-1] == pytest.approx(0.1)
 
 
-def test_packing_puts_eos_between_documents_and_cuts_exact_blocks():
-    blocks = list(pack_blocks(iter([[1, 2, 0], [3, 4, 5, 0], [6, 0]]), 4))
-    assert [b.tolist() for b in blocks] == [[1, 2, 0, 3], [4, 5, 0, 6]]
-
-
 def test_batch_order_is_seeded_and_independent_of_ranks():
     blocks = np.arange(40).reshape(20, 2)
     a, b = InMemoryBatches(blocks, 8, seed=3), InMemoryBatches(blocks, 8, seed=3)
@@ -156,8 +150,11 @@ def test_undecodable_bytes_name_the_file(tmp_path, tokenizer_dir):
 
 def test_missing_text_column_lists_the_fields(tmp_path, tokenizer_dir):
     (tmp_path / "a.jsonl").write_text(json.dumps({"body": "x" * 100}) + "\n")
-    with pytest.raises(SkipV1Error, match=r"no text field 'text': set `text_field` to one of"):
-        load_blocks(str(tmp_path / "a.jsonl"), _tok(tokenizer_dir), 16, "train")
+    for streaming_limit in (None, 4):  # streamed: found on the first record
+        with pytest.raises(SkipV1Error, match=r"no text field 'text': set `text_field` to one of"):
+            load_blocks(
+                str(tmp_path / "a.jsonl"), _tok(tokenizer_dir), 16, "train", streaming_limit
+            )
 
 
 def test_all_empty_and_too_small_data_are_errors(tmp_path, tokenizer_dir):

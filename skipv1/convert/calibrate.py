@@ -29,6 +29,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repea
 from ..errors import SkipV1Error
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 from ..modeling.modeling_skipv1_llama import SkipV1LlamaDecoderLayer
+from ..packing import cut_blocks, token_stream
 from .names import later_attention_projection
 
 LoadTensors = Callable[[list[str]], dict[str, torch.Tensor]]
@@ -303,23 +304,15 @@ def _greedy_assignment(errors: torch.Tensor, count: int) -> dict[int, int]:
 def calibration_token_blocks(
     tokenizer, texts: Iterator[str], tokens: int, seq_len: int
 ) -> torch.Tensor:
-    """(N, seq_len) token ids: texts joined with EOS, cut into blocks, at most `tokens` in all."""
-    eos = tokenizer.eos_token_id
-    stream: list[int] = []
-    wanted = max(seq_len, tokens // seq_len * seq_len)
-    for text in texts:
-        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if eos is not None:
-            stream.append(eos)
-        if len(stream) >= wanted:
-            break
-    blocks = len(stream[:wanted]) // seq_len
-    if blocks == 0:
+    """(N, seq_len) token ids packed by packing.py, at most `tokens` in all (at least one block)."""
+    stream = token_stream(texts, tokenizer, max(seq_len, tokens // seq_len * seq_len))
+    blocks = cut_blocks(stream, seq_len)
+    if len(blocks) == 0:
         raise SkipV1Error(
             f"the calibration text has {len(stream)} tokens, fewer than one sequence of "
             f"{seq_len}: give more text (--calib-data) or a smaller --calib-seq-len"
         )
-    return torch.tensor(stream[: blocks * seq_len]).view(blocks, seq_len)
+    return torch.from_numpy(blocks)
 
 
 # --- glue with the converter ------------------------------------------------------------------
@@ -347,13 +340,13 @@ def calibrate_source(prepared, options, quiet: bool):
     """Runs the plan's calibrated init on a validated source (see api.prepare), reading one
     layer at a time; returns an object with `transform` and `summary`."""
     from ..console import step_progress
-    from ..textdata import iter_texts
+    from ..textdata import iter_documents
     from .reader import iter_tensors
 
     plan = prepared.plan
     ids = calibration_token_blocks(
         _tokenizer(prepared.root, plan.init),
-        iter_texts(options.calib_data),
+        iter_documents(options.calib_data),
         options.calib_tokens,
         options.calib_seq_len,
     )

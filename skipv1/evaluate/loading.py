@@ -15,20 +15,6 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
 
-    @property
-    def eos_token_id(self) -> int:
-        """EOS separates documents in the perplexity stream."""
-        eos = self.tokenizer.eos_token_id
-        if eos is None:
-            eos = self.model.config.eos_token_id
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
-        if eos is None:
-            raise SkipV1Error(
-                f"{self.path} defines no EOS token (tokenizer or config): set eos_token_id"
-            )
-        return int(eos)
-
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
