@@ -3,9 +3,10 @@
 Writes a random Llama checkpoint of at least 2 GB in 3+ safetensors shards (directly with
 safetensors, no model is instantiated), then times `cp -r` of it and `skipv1 convert` of it,
 interleaved and repeated (the machine may be shared: the spread is reported), each a subprocess
-followed by `sync`; peak RSS of each convert child from wait4. With `--baseline DIR` a second
-convert runs in the same rounds with DIR first on PYTHONPATH (e.g. `git archive` of an older
-commit), for a before/after on the same machine at the same time. Writes
+followed by `sync`; peak RSS of each convert child from wait4 (the source is written by another
+process, so that the children do not inherit its memory high-water mark). With `--baseline DIR`
+a second convert runs in the same rounds with DIR first on PYTHONPATH (e.g. `git archive` of an
+older commit), for a before/after on the same machine at the same time. Writes
 docs/results/convert.md. Run from the repository root:
 
     .venv/bin/python bench/convert_speed.py [--workdir DIR] [--repeat N] [--baseline DIR] [--keep]
@@ -13,6 +14,7 @@ docs/results/convert.md. Run from the repository root:
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import shutil
@@ -95,6 +97,18 @@ def write_random_llama(
 INIT = "mean"
 
 
+def write_source(path: Path) -> Path:
+    """write_random_llama in a fresh process: Linux starts a child's peak RSS at its parent's
+    RSS at fork and keeps it across exec, so this process must stay small for the peak RSS of
+    the commands it times to be theirs."""
+    child = multiprocessing.get_context("spawn").Process(target=write_random_llama, args=(path,))
+    child.start()
+    child.join()
+    if child.exitcode:
+        raise RuntimeError(f"writing the source checkpoint failed (exit code {child.exitcode})")
+    return path
+
+
 def timed(cmd: list[str], env: dict | None = None) -> dict:
     """Wall seconds of one subprocess, of the `sync` after it (both commands pay for getting
     their bytes to disk, not only into the page cache), its peak RSS and its stdout."""
@@ -149,7 +163,7 @@ def spread(values: list[float], unit: str = " s") -> str:
 def run(work: Path, shard_size: str, repeat: int, baseline: Path | None) -> str:
     from transformers.utils.hub import convert_file_size_to_int
 
-    src = write_random_llama(work / "src")
+    src = write_source(work / "src")
     src_bytes = dir_bytes(src)
     shards = sorted(src.glob("*.safetensors"))
     largest_shard = max(p.stat().st_size for p in shards)
