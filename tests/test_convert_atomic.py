@@ -46,7 +46,7 @@ def test_error_while_writing_removes_everything(checkpoint, tmp_path, monkeypatc
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(writer, "save_file", full_disk)
+    monkeypatch.setattr(writer, "copy_range", full_disk)  # mid-shard, header written
     result = runner.invoke(app, ["convert", str(src), str(dst), "--quiet", "--init", "mean"])
     assert result.exit_code == 1 and isinstance(result.exception, OSError)
     assert not dst.exists() and leftovers(dst) == []

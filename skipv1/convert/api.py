@@ -29,6 +29,7 @@ from .config import ConfigChange, skipv1_config
 from .options import ConvertOptions
 from .plan import (
     CALIBRATE,
+    COPY,
     DROPPABLE_SUFFIXES,
     REWRITE_V,
     ConversionPlan,
@@ -37,8 +38,15 @@ from .plan import (
     shard_layout,
 )
 from .provenance import sha256_of, write_model_card, write_provenance
-from .reader import SourceWeights, download_from_hub, is_hub_id, iter_tensors, scan_weights
-from .writer import write_shards
+from .reader import (
+    FileRange,
+    SourceWeights,
+    download_from_hub,
+    is_hub_id,
+    iter_tensors,
+    scan_weights,
+)
+from .writer import TensorSpec, write_shards
 
 # Sources named by a built-in name instead of a path (the model the demo and tiny-cpu use).
 BUILTIN_SOURCES = {"builtin:smollm2": smollm2_gguf_path}
@@ -277,11 +285,28 @@ def _size_of(path: Path) -> int:
 # --- writing ----------------------------------------------------------------------------------
 
 
+def byte_copied(prepared: Prepared) -> set[str]:
+    """Tensors the plan leaves as they are, dtype included, in a safetensors source: their bytes
+    go from file to file, never decoded."""
+    if prepared.weights.format != "safetensors":
+        return set()
+    refs, tasks = prepared.weights.refs, prepared.plan.tasks
+    return {
+        n
+        for n in prepared.order
+        if tasks[n].action == COPY and prepared.target_dtype[n] == refs[n].dtype
+    }
+
+
 def converted_tensors(
     prepared: Prepared, calibration: Calibration | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
+) -> Iterator[tuple[str, "torch.Tensor | FileRange"]]:
     plan = prepared.plan
-    for name, tensor in iter_tensors(prepared.weights, set(prepared.order)):
+    raw = byte_copied(prepared)
+    for name, tensor in iter_tensors(prepared.weights, set(prepared.order), raw):
+        if name in raw:
+            yield name, tensor
+            continue
         if calibration is not None and plan.tasks[name].action in (REWRITE_V, CALIBRATE):
             tensor = calibration.transform(name, tensor)
         elif plan.tasks[name].action == REWRITE_V:
@@ -296,19 +321,18 @@ def write_output(
     calibration = None
     if prepared.plan.init_method.calibrated and prepared.plan.skip_heads:
         calibration = calibrate_source(prepared, options, quiet)
+    specs = {
+        n: TensorSpec(prepared.target_dtype[n], prepared.plan.tasks[n].target_shape)
+        for n in prepared.order
+    }
     with byte_progress(quiet) as progress:
         task = progress.add_task("converting", total=prepared.bytes_out())
-
-        def advance(name: str, tensor: torch.Tensor) -> None:
-            progress.advance(task, tensor.numel() * tensor.element_size())
-
-        refs = prepared.weights.refs
         written = write_shards(
             out,
             prepared.layout,
+            specs,
             converted_tensors(prepared, calibration),
-            on_tensor=advance,
-            source_of=lambda name: refs[name].file,
+            on_tensor=lambda name, nbytes: progress.advance(task, nbytes),
         )
     (out / "config.json").write_text(json.dumps(prepared.out_config, indent=2) + "\n")
     copy_companions(prepared.root, out, prepared.companions)
