@@ -110,6 +110,21 @@ def test_schedule_warms_up_then_decays_to_min_ratio():
     assert lrs[-1] == pytest.approx(0.1)
 
 
+@pytest.mark.parametrize("total, warmup", [(100, 10), (16, 2), (10, 0)])
+def test_schedule_is_transformers_cosine_with_warmup_one_step_earlier(total, warmup):
+    """schedule.py says why we keep our own: transformers' cosine ending on our last step
+    (num_training_steps=total - 1) matches ours; its warmup is ours minus 1/warmup."""
+    import torch
+    from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    hf = get_cosine_with_min_lr_schedule_with_warmup(opt, warmup, total - 1, min_lr_rate=0.1)
+    for step in range(total):
+        ours, theirs = lr_multiplier(step, total, warmup, 0.1), hf.lr_lambdas[0](step)
+        shift = 1 / warmup if step < warmup else 0.0
+        assert abs(ours - (theirs + shift)) < 1e-12, step
+
+
 def test_batch_order_is_seeded_and_independent_of_ranks():
     blocks = np.arange(40).reshape(20, 2)
     a, b = InMemoryBatches(blocks, 8, seed=3), InMemoryBatches(blocks, 8, seed=3)
