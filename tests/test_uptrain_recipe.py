@@ -63,6 +63,12 @@ def test_defaults_follow_the_paper(tmp_path):
         (["budget.tokens=10"], "less than one step"),
         (["checkpoint.resume=sometimes"], "allowed values are auto, never or an existing"),
         (["optim"], "is not `dotted.key=value`"),
+        (["deepspeed.zero_stage=true"], "`deepspeed.zero_stage` is True: allowed values are 0,"),
+        (["optim.warmup_fraction=1"], "`optim.warmup_fraction` is 1.0: it must be in [0, 1)"),
+        (["log.every=0"], "`log.every` is 0: it must be positive"),
+        (["optim.betas=[0.9]"], "`optim.betas` is [0.9]: give two numbers in [0, 1)"),
+        (["budget.tokens=4096.5"], "recipe key `budget.tokens` must be int, got float 4096.5"),
+        (["optim=3"], "`optim` must be a mapping of keys"),
     ],
 )
 def test_schema_errors_name_the_key(tmp_path, overrides, message):
@@ -78,6 +84,12 @@ def test_overrides_parse_yaml_values(tmp_path):
     )
     assert (r.optim.lr, r.deepspeed.zero_stage, r.data.eval) == (3e-4, 3, None)
     assert r.optim.betas == [0.9, 0.99]
+
+
+def test_yaml_numbers_and_empty_sections(tmp_path):
+    r = load_recipe(write_recipe(tmp_path / "r.yaml"), ["budget.tokens=2e4", "optim="])
+    assert (r.budget.tokens, r.optim.lr, r.data.store_timeout) == (20000, 1.5e-4, 7200.0)
+    assert isinstance(r.to_dict()["data"]["store_timeout"], float)
 
 
 def test_batch_must_split_over_ranks(tmp_path):
