@@ -49,7 +49,7 @@ def check_room(dst: Path, need: int, role: str = "DST") -> None:
         )
     if not os.access(probe, os.W_OK):
         raise SkipV1Error(f"{role} {dst}: {probe} is not writable by this user: choose another")
-    free = stat.f_bavail * stat.f_frsize
+    free = shutil.disk_usage(probe).free
     if need > free:
         raise SkipV1Error(
             f"not enough free disk for {dst}: the output needs {need / 1e9:.2f} GB and "
