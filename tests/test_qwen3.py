@@ -1,6 +1,7 @@
 """The Qwen3 family: SkipV1 on transformers' Qwen3 classes (q/k norms, explicit head_dim), from a
-tiny random Qwen3ForCausalLM: s = 0 is the stock model, uncached == cached == generate, measured
-cache bytes == the formula, and `skipv1 convert` output loads with and without skipv1."""
+tiny random Qwen3ForCausalLM: s = 0 is the stock model, uncached == cached == generate (dynamic,
+static and paged caches), measured cache bytes == the formula, and `skipv1 convert` output
+loads with and without skipv1."""
 
 import json
 import os
@@ -10,7 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    ContinuousBatchingConfig,
+    DynamicCache,
+    GenerationConfig,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 from typer.testing import CliRunner
 
 from skipv1 import SkipV1Qwen3Config, SkipV1Qwen3ForCausalLM
@@ -113,6 +121,32 @@ def test_generate_cache_bytes_match_the_formula():
     assert cache.get_seq_length() == 20
     assert measured == 20 * KVLayout(3, 2, 16, 1).bytes_per_token(dtype_bytes=4)
     assert [layer.values.shape[1] for layer in cache.layers] == [2, 1, 1]
+
+
+def test_static_cache_and_continuous_batching_give_the_dynamic_cache_tokens():
+    model = skipv1_model(1)
+    prompts = [list(range(3, 3 + n)) for n in (5, 2, 9)]
+    dynamic = [
+        model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, pad_token_id=0)[
+            0, len(p) :
+        ].tolist()
+        for p in prompts
+    ]
+    static = model.generate(
+        torch.tensor([prompts[0]]),
+        max_new_tokens=6,
+        do_sample=False,
+        pad_token_id=0,
+        cache_implementation="static",
+        return_dict_in_generate=True,
+    )
+    assert static.sequences[0, 5:].tolist() == dynamic[0]
+    assert [layer.values.shape[1] for layer in static.cache.layers] == [2, 1, 1]
+    config = GenerationConfig(max_new_tokens=6, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cb = ContinuousBatchingConfig(num_blocks=16, page_size=4, max_batch_tokens=16)
+    out = model.generate_batch(prompts, generation_config=config, continuous_batching_config=cb)
+    by_index = sorted(out.values(), key=lambda r: int(r.request_id.split("_")[-1]))
+    assert [r.generated_tokens for r in by_index] == dynamic
 
 
 def test_config_refuses_sliding_window_layers():
