@@ -5,15 +5,12 @@ import json
 from pathlib import Path
 
 from .errors import SkipV1Error
+from .families import LLAMA, SKIPV1_ARCHITECTURES, SKIPV1_MODEL_TYPES, SOURCE_ARCHITECTURES
 from .modeling.layout import count_parameters, kv_layout
 
-SOURCE_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
-SKIPV1_ARCHITECTURE = "SkipV1LlamaForCausalLM"
-SKIPV1_MODEL_TYPE = "skipv1_llama"
+# The Llama family's names, kept for the callers that predate the family table.
+SKIPV1_ARCHITECTURE = LLAMA.architecture
+SKIPV1_MODEL_TYPE = LLAMA.model_type
 
 
 def read_config(path: "str | Path") -> dict:
@@ -40,7 +37,7 @@ def read_config(path: "str | Path") -> dict:
 
 
 def is_skipv1(config: dict) -> bool:
-    return config.get("model_type") == SKIPV1_MODEL_TYPE
+    return config.get("model_type") in SKIPV1_MODEL_TYPES
 
 
 def architecture(config: dict) -> str:
@@ -60,10 +57,10 @@ def _is_int(value) -> bool:
 def check_supported(config: dict) -> None:
     """Raises unless the config is a source architecture we convert or a SkipV1 checkpoint."""
     arch = architecture(config)
-    if arch not in SOURCE_ARCHITECTURES and arch != SKIPV1_ARCHITECTURE:
+    if arch not in SOURCE_ARCHITECTURES and arch not in SKIPV1_ARCHITECTURES:
         raise SkipV1Error(
             f"unsupported architecture {arch}: supported are {', '.join(SOURCE_ARCHITECTURES)} "
-            f"(and converted {SKIPV1_ARCHITECTURE})"
+            f"(and converted {', '.join(SKIPV1_ARCHITECTURES)})"
         )
     for key in (
         "num_hidden_layers",

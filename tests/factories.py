@@ -1,4 +1,4 @@
-"""Small real checkpoints for the tests: random Llama / Mistral / Qwen2 models saved by
+"""Small real checkpoints for the tests: random Llama / Mistral / Qwen2 / Qwen3 models saved by
 transformers, a tiny byte-level BPE tokenizer, and the real SmolLM2-135M-Instruct."""
 
 import json
@@ -13,12 +13,15 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 ARCHS = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
 }
 EOS = "<|endoftext|>"
 
@@ -61,6 +64,8 @@ def tiny_config(arch: str = "llama", **overrides):
     )
     if arch in ("mistral", "qwen2"):
         fields["sliding_window"] = None
+    if arch == "qwen3":
+        fields["head_dim"] = 16  # Qwen3Config's default is 128
     fields.update(overrides)
     return config_cls(**fields)
 

@@ -21,11 +21,12 @@ from ..atomic_dir import (
 from ..checkpoint_info import check_supported, is_skipv1, read_config
 from ..console import byte_progress, console
 from ..errors import SkipV1Error
+from ..families import family_of
 from ..smollm2 import smollm2_gguf_path
 from ..units import torch_dtype
 from .calibrate import Calibration, calibrate_source, calibration_record
 from .companions import companion_files, copy_companions, copy_modeling_code
-from .config import ConfigChange, skipv1_config
+from .config import ConfigChange, skipv1_config, sliding_window_active
 from .options import ConvertOptions
 from .plan import (
     CALIBRATE,
@@ -96,7 +97,7 @@ def convert_checkpoint(
     quiet: bool = False,
     **fields,
 ) -> dict:
-    """Converts a Llama/Mistral/Qwen2 checkpoint to SkipV1 and returns the summary that
+    """Converts a Llama/Mistral/Qwen2/Qwen3 checkpoint to SkipV1 and returns the summary that
     `skipv1 convert --json` prints. `options`, or its fields as keywords (`init="keep"`), say
     how. Raises SkipV1Error, before writing anything, on bad input."""
     start = time.perf_counter()
@@ -174,6 +175,13 @@ def check_source_config(config: dict, root: Path, trust_remote_code: bool) -> No
             "never runs it, but its weights may not follow the standard layout: pass "
             "--trust-remote-code to convert it as a standard "
             f"{(config.get('architectures') or ['?'])[0]}"
+        )
+    family = family_of(config)
+    if family and family.refuse_sliding_window and sliding_window_active(config):
+        raise SkipV1Error(
+            f"{root}/config.json has use_sliding_window: true with sliding_window "
+            f"{config.get('sliding_window')}: SkipV1 {family.class_prefix} attends over the full "
+            "context only; convert a checkpoint without sliding-window layers"
         )
     heads, n_kv = config["num_attention_heads"], config.get("num_key_value_heads") or 0
     if n_kv and heads % n_kv:
@@ -336,7 +344,7 @@ def write_output(
         )
     (out / "config.json").write_text(json.dumps(prepared.out_config, indent=2) + "\n")
     copy_companions(prepared.root, out, prepared.companions)
-    copy_modeling_code(out)
+    copy_modeling_code(out, prepared.plan.source.family)
     summary = summarize(source, dst, prepared, options, dry_run=False)
     summary["total_size"] = written["total_size"]
     if calibration is not None:

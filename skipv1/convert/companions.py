@@ -5,13 +5,9 @@ import shutil
 from pathlib import Path
 
 from ..errors import SkipV1Error
+from ..families import Family
 
 MODELING_DIR = Path(__file__).resolve().parent.parent / "modeling"
-MODELING_FILES = (
-    "configuration_skipv1_llama.py",
-    "modeling_skipv1_llama.py",
-    "paged_cache_skipv1.py",
-)
 TOKENIZER_FILES = {
     "tokenizer.json",
     "tokenizer_config.json",
@@ -81,6 +77,7 @@ def copy_companions(src: Path, out: Path, found: dict[str, list[str]]) -> None:
             ) from None
 
 
-def copy_modeling_code(out: Path) -> None:
-    for name in MODELING_FILES:
+def copy_modeling_code(out: Path, family: Family) -> None:
+    """The family's modeling files (`Family.modeling_files`), which `auto_map` points at."""
+    for name in family.modeling_files:
         shutil.copyfile(MODELING_DIR / name, out / name)

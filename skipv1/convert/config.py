@@ -5,15 +5,13 @@ from dataclasses import dataclass
 
 import transformers
 
-from ..checkpoint_info import SKIPV1_ARCHITECTURE, SKIPV1_MODEL_TYPE, SOURCE_ARCHITECTURES
+from ..checkpoint_info import SOURCE_ARCHITECTURES
 from .plan import ConversionPlan
 
-AUTO_MAP = {
-    "AutoConfig": "configuration_skipv1_llama.SkipV1LlamaConfig",
-    "AutoModelForCausalLM": "modeling_skipv1_llama.SkipV1LlamaForCausalLM",
-}
 # Fields that switch on sliding-window masks in transformers; our model has full attention only.
 SLIDING_FIELDS = ("layer_types", "use_sliding_window", "max_window_layers")
+# Sources whose window applies only with `use_sliding_window` (and then per `max_window_layers`).
+WINDOW_FLAG_SOURCES = ("qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -36,7 +34,7 @@ def sliding_window_active(config: dict) -> bool:
     max_pos = config.get("max_position_embeddings")
     if window is None or (isinstance(max_pos, int) and window >= max_pos):
         return False
-    if SOURCE_ARCHITECTURES.get(_arch(config)) != "qwen2":
+    if SOURCE_ARCHITECTURES.get(_arch(config)) not in WINDOW_FLAG_SOURCES:
         return True
     if not config.get("use_sliding_window", False):
         return False
@@ -65,11 +63,12 @@ def skipv1_config(
         if key in out:
             changes.append(ConfigChange(key, out.pop(key), None, why, dropped=True))
 
-    put("architectures", [SKIPV1_ARCHITECTURE], "SkipV1 model class")
-    put("model_type", SKIPV1_MODEL_TYPE, "SkipV1 model type")
+    family = plan.source.family
+    put("architectures", [family.architecture], "SkipV1 model class")
+    put("model_type", family.model_type, "SkipV1 model type")
     if "auto_map" in source:
         drop("auto_map", "the source's custom code is replaced by the SkipV1 modeling code")
-    put("auto_map", dict(AUTO_MAP), "loads the modeling code saved next to the weights")
+    put("auto_map", family.auto_map, "loads the modeling code saved next to the weights")
     put("skip_v_heads", plan.skip_heads, "value heads each later layer takes from layer 0")
     put("attention_bias", plan.source.qkv_bias, "q/k/v projections carry a bias")
     put("o_proj_bias", plan.source.o_bias, "output projection bias, separately from q/k/v")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..checkpoint_info import SOURCE_ARCHITECTURES, architecture, default_skip_heads
 from ..errors import SkipV1Error
+from ..families import LLAMA, Family, family_of
 from ..modeling.layout import KVLayout, kv_layout
 from .inits import DEFAULT_INIT, Init, get_init
 from .names import later_attention_projection
@@ -20,9 +21,10 @@ DROPPABLE_SUFFIXES = (".rotary_emb.inv_freq",)
 
 @dataclass(frozen=True)
 class SourceModel:
-    """The facts about a Llama-family source that decide tensor names and shapes."""
+    """The facts about a source (Llama family or Qwen3) that decide tensor names and shapes."""
 
     architecture: str
+    family: Family
     num_layers: int
     hidden: int
     heads: int
@@ -34,6 +36,7 @@ class SourceModel:
     o_bias: bool
     mlp_bias: bool
     tied: bool
+    qk_norm: bool = False  # q_norm / k_norm weights of shape (head_dim,) in every layer
 
     @classmethod
     def from_config(cls, config: dict) -> "SourceModel":
@@ -41,8 +44,10 @@ class SourceModel:
         layout = kv_layout(config)
         qwen2 = SOURCE_ARCHITECTURES.get(arch) == "qwen2"
         attention_bias = bool(config.get("attention_bias", False))
+        family = family_of(config) or LLAMA
         return cls(
             architecture=arch,
+            family=family,
             num_layers=layout.num_layers,
             hidden=config["hidden_size"],
             heads=config["num_attention_heads"],
@@ -55,6 +60,7 @@ class SourceModel:
             o_bias=False if qwen2 else attention_bias,
             mlp_bias=bool(config.get("mlp_bias", False)),
             tied=bool(config.get("tie_word_embeddings", False)),
+            qk_norm=family.qk_norm,
         )
 
     @property
@@ -84,6 +90,9 @@ class SourceModel:
                 shapes[p + name + ".weight"] = shape
                 if bias:
                     shapes[p + name + ".bias"] = shape[:1]
+            if self.qk_norm:
+                shapes[p + "self_attn.q_norm.weight"] = (self.head_dim,)
+                shapes[p + "self_attn.k_norm.weight"] = (self.head_dim,)
             shapes[p + "input_layernorm.weight"] = (h,)
             shapes[p + "post_attention_layernorm.weight"] = (h,)
         shapes["model.norm.weight"] = (h,)
@@ -143,6 +152,11 @@ def make_plan(
             f"choose 0 <= N <= {n_kv - 1}"
         )
     method = get_init(init)
+    if method.calibrated and s and not source.family.calibrated_inits:
+        raise SkipV1Error(
+            f"--init {init} is not available for {source.architecture} sources yet (its "
+            "calibration runs Llama layers): pass --init keep or --init mean"
+        )
     tasks = {}
     for name, shape in source.expected_shapes().items():
         projection = later_attention_projection(name) if s else None

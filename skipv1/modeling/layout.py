@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from typing import Any
 
+from ..families import family_of
+
 
 @dataclass(frozen=True)
 class KVLayout:
@@ -30,7 +32,7 @@ def kv_layout(config: Any) -> KVLayout:
 
 
 def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:
-    """Parameters of a Llama-family model from config.json alone; `skip_v_heads` overrides the
+    """Parameters of a Llama-family or Qwen3 model from config.json alone; `skip_v_heads` overrides the
     config's value (0 for the source layout)."""
     layout = kv_layout(config)
     s = layout.skip_v_heads if skip_v_heads is None else skip_v_heads
@@ -53,7 +55,8 @@ def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:
         )
 
     mlp = 3 * hidden * inter + ((2 * inter + hidden) if mlp_bias else 0)
-    per_layer_norms = 2 * hidden
+    family = family_of(config)
+    per_layer_norms = 2 * hidden + (2 * d if family and family.qk_norm else 0)
     total = attention(n_kv) + (layers - 1) * attention(n_kv - s)
     total += layers * (mlp + per_layer_norms) + hidden + vocab * hidden
     if not config.get("tie_word_embeddings", False):
