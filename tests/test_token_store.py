@@ -46,7 +46,7 @@ def recipe_file(tmp_path: Path, model_dir: Path, **data) -> Path:
 
 
 @pytest.fixture
-def prepare(cli, prepare):
+def prepare(cli):
     """prepare(RECIPE, *EXTRA): `python -m skipv1 prepare-data RECIPE --json EXTRA` succeeds;
     returns its JSON output and stderr."""
 
