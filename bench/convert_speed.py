@@ -1,19 +1,24 @@
 """Benchmark: `skipv1 convert` against `cp -r` of the same random Llama checkpoint.
 
 Writes a random Llama checkpoint of at least 2 GB in 3+ safetensors shards (directly with
-safetensors, no model is instantiated), then in one run times `cp -r` of it and `skipv1 convert`
-of it (a subprocess each; peak RSS of the convert child from getrusage), and writes
+safetensors, no model is instantiated), then times `cp -r` of it and `skipv1 convert` of it,
+interleaved and repeated (the machine may be shared: the spread is reported), each a subprocess
+followed by `sync`; peak RSS of each convert child from wait4 (the source is written by another
+process, so that the children do not inherit its memory high-water mark). With `--baseline DIR`
+a second convert runs in the same rounds with DIR first on PYTHONPATH (e.g. `git archive` of an
+older commit), for a before/after on the same machine at the same time. Writes
 docs/results/convert.md. Run from the repository root:
 
-    .venv/bin/python bench/convert_speed.py [--workdir DIR] [--keep]
+    .venv/bin/python bench/convert_speed.py [--workdir DIR] [--repeat N] [--baseline DIR] [--keep]
 """
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
-import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,20 +92,44 @@ def write_random_llama(
     return path
 
 
-def timed(cmd: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, seconds of the `sync` after it, stdout) of one subprocess: the sync
-    makes both commands pay for getting their bytes to disk, not only into the page cache."""
+# The init measured: `mean` rewrites only the v_proj of later layers, so the rest of the
+# conversion is I/O; the default (reconstruct) calibrates on text and needs a tokenizer.
+INIT = "mean"
+
+
+def write_source(path: Path) -> Path:
+    """write_random_llama in a fresh process: Linux starts a child's peak RSS at its parent's
+    RSS at fork and keeps it across exec, so this process must stay small for the peak RSS of
+    the commands it times to be theirs."""
+    child = multiprocessing.get_context("spawn").Process(target=write_random_llama, args=(path,))
+    child.start()
+    child.join()
+    if child.exitcode:
+        raise RuntimeError(f"writing the source checkpoint failed (exit code {child.exitcode})")
+    return path
+
+
+def timed(cmd: list[str], env: dict | None = None) -> dict:
+    """Wall seconds of one subprocess, of the `sync` after it (both commands pay for getting
+    their bytes to disk, not only into the page cache), its peak RSS and its stdout."""
     subprocess.run(["sync"], check=True)
     start = time.perf_counter()
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - start
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
     subprocess.run(["sync"], check=True)
-    return wall, time.perf_counter() - start - wall, out
-
-
-def peak_rss_of_children() -> int:
-    """ru_maxrss of RUSAGE_CHILDREN: the largest child so far (convert, here), in bytes."""
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    sync = time.perf_counter() - start - wall
+    return {
+        "wall": wall,
+        "sync": sync,
+        "total": wall + sync,
+        "rss": usage.ru_maxrss * 1024,
+        "out": out,
+    }
 
 
 def dir_bytes(path: Path) -> int:
@@ -111,11 +140,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--shard-size", default="1GB")
+    parser.add_argument("--repeat", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--baseline", type=Path, default=None, help="an older skipv1 tree")
     parser.add_argument("--keep", action="store_true", help="keep the 2 GB files")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="skipv1-bench-", dir=args.workdir))
     try:
-        report = run(work, args.shard_size)
+        report = run(work, args.shard_size, args.repeat, args.baseline)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -125,53 +156,73 @@ def main() -> None:
     print(report)
 
 
-def run(work: Path, shard_size: str) -> str:
+def spread(values: list[float], unit: str = " s") -> str:
+    return f"{statistics.median(values):.2f}{unit} (min {min(values):.2f}, max {max(values):.2f})"
+
+
+def run(work: Path, shard_size: str, repeat: int, baseline: Path | None) -> str:
     from transformers.utils.hub import convert_file_size_to_int
 
-    src = write_random_llama(work / "src")
+    src = write_source(work / "src")
     src_bytes = dir_bytes(src)
     shards = sorted(src.glob("*.safetensors"))
     largest_shard = max(p.stat().st_size for p in shards)
     skipv1 = str(Path(sys.executable).parent / "skipv1")
-    convert_cmd = [skipv1, "convert", str(src), str(work / "dst"), "--json"]
+    convert_cmd = [skipv1, "convert", str(src), str(work / "dst"), "--json", "--init", INIT]
     convert_cmd += ["--shard-size", shard_size]
-    # Warm the page cache the same way for both: read the source once before timing.
+    runs: dict[str, list[dict]] = {"cp": [], "convert": [], "baseline": []}
+    envs = {"convert": None}
+    if baseline is not None:
+        path = [str(baseline.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])]
+        envs["baseline"] = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    # Warm the page cache the same way for all: read the source once before timing.
     subprocess.run(["cat", *map(str, shards)], stdout=subprocess.DEVNULL, check=True)
-    cp_wall, cp_sync, _ = timed(["cp", "-r", str(src), str(work / "copy")])
-    shutil.rmtree(work / "copy")
-    conv_wall, conv_sync, out = timed(convert_cmd)
-    conv_rss = peak_rss_of_children()
-    inside = json.loads(out)["seconds"]
-    dst_bytes = dir_bytes(work / "dst")
-    bound = largest_shard + convert_file_size_to_int(shard_size) + 2**30
-    cp_total, conv_total = cp_wall + cp_sync, conv_wall + conv_sync
+    for _ in range(repeat):
+        runs["cp"].append(timed(["cp", "-r", str(src), str(work / "copy")]))
+        shutil.rmtree(work / "copy")
+        for kind, env in envs.items():
+            runs[kind].append(timed(convert_cmd, env))
+            dst_bytes = dir_bytes(work / "dst")
+            shutil.rmtree(work / "dst")
+    return report(runs, shard_size, src_bytes, len(shards), largest_shard, dst_bytes,
+                  largest_shard + convert_file_size_to_int(shard_size) + 2**30)  # fmt: skip
+
+
+def report(runs, shard_size, src_bytes, n_shards, largest_shard, dst_bytes, bound) -> str:
     gb = 1e9
+    cp = [r["total"] for r in runs["cp"]]
     rows = [
-        (
-            "source",
-            f"{src_bytes / gb:.2f} GB in {len(shards)} shards (largest {largest_shard / gb:.2f} GB)",
-        ),
+        ("source", f"{src_bytes / gb:.2f} GB in {n_shards} shards (largest {largest_shard / gb:.2f} GB)"),
         ("output", f"{dst_bytes / gb:.2f} GB"),
-        ("`cp -r` + `sync`", f"{cp_wall:.2f} s + {cp_sync:.2f} s = {cp_total:.2f} s"),
-        (
-            "`skipv1 convert` + `sync`",
-            f"{conv_wall:.2f} s + {conv_sync:.2f} s = {conv_total:.2f} s",
-        ),
-        ("of which the conversion itself (`seconds` in --json)", f"{inside:.2f} s"),
-        ("ratio convert / cp, end to end", f"{conv_total / cp_total:.2f} (goal <= 1.5)"),
-        ("ratio without interpreter start and imports", f"{(inside + conv_sync) / cp_total:.2f}"),
-        ("convert peak RSS (getrusage of the child)", f"{conv_rss / gb:.2f} GB"),
-        ("bound: largest source shard + output shard + 1 GB", f"{bound / gb:.2f} GB"),
-        ("peak RSS within bound", "yes" if conv_rss <= bound else "NO"),
-    ]
+        ("rounds (cp, then each convert, interleaved)", f"{len(cp)}"),
+        ("`cp -r` + `sync`", spread(cp)),
+    ]  # fmt: skip
+    labels = {"convert": "this tree", "baseline": "baseline"}
+    for kind in ("convert", "baseline"):
+        if not runs[kind]:
+            continue
+        total = [r["total"] for r in runs[kind]]
+        inside = [json.loads(r["out"])["seconds"] for r in runs[kind]]
+        ratio = [t / c for t, c in zip(total, cp, strict=True)]
+        rss = max(r["rss"] for r in runs[kind])
+        rows += [
+            (f"`skipv1 convert` + `sync`, {labels[kind]}", spread(total)),
+            (f"of which the conversion itself (`seconds` in --json), {labels[kind]}", spread(inside)),
+            (f"ratio convert / cp, end to end, {labels[kind]}", spread(ratio, "") + " (goal <= 1.5)"),
+            (f"interpreter start and imports, {labels[kind]}", spread([t - i - r["sync"] for t, i, r in zip(total, inside, runs[kind], strict=True)])),
+            (f"convert peak RSS (wait4 of the child, largest round), {labels[kind]}", f"{rss / gb:.2f} GB"),
+            (f"peak RSS within bound, {labels[kind]}", "yes" if rss <= bound else "NO"),
+        ]  # fmt: skip
+    rows.append(("bound: largest source shard + output shard + 1 GB", f"{bound / gb:.2f} GB"))
     lines = [
         "# `skipv1 convert` speed and memory",
         "",
         "Command: `.venv/bin/python bench/convert_speed.py` (from the repository root). It writes a "
         f"random Llama checkpoint (bf16, {SHAPE['layers']} layers, hidden {SHAPE['hidden']}, "
         f"{SHAPE['heads']} MHA heads, vocab {SHAPE['vocab']}), then times `cp -r SRC COPY` and "
-        f"`skipv1 convert SRC DST --json --shard-size {shard_size}` (default s = 16, init mean) "
-        "in the same run, each followed by `sync`, both from a page-cache-warm source.",
+        f"`skipv1 convert SRC DST --json --init {INIT} --shard-size {shard_size}` (default "
+        "s = 16), interleaved, each followed by `sync`, all from a page-cache-warm source. "
+        "Times are medians over the rounds, with the fastest and slowest round.",
         "",
         f"Machine: {os.cpu_count()} CPUs ({platform.machine()}), shared with other jobs; "
         f"Python {platform.python_version()}, torch {torch.__version__}.",

@@ -258,7 +258,7 @@ def arm_model(arm: str, source: Path, data: Path, scale: Scale, out: Path) -> Pa
     if (model / "config.json").is_file():
         return model
     if init == "gqa":
-        from skipv1.convert.gqa import write_pooled_gqa
+        from gqa_pool import write_pooled_gqa
 
         write_pooled_gqa(source, model, scale.heads // 2)
         return model
@@ -538,7 +538,7 @@ started under `nice`):
   mean-pooled in adjacent pairs (`skipv1.convert.gqa`), a plain Llama checkpoint.
 - Compute column: training FLOPs of the arm's 15% of T (6 x its parameters x tokens, plus
   2 x the teacher's parameters x tokens with distillation) as a share of the source's
-  pretraining FLOPs. KV bytes/token: the formula of DESIGN.md at 2 bytes per value.
+  pretraining FLOPs. KV bytes/token: the formula of docs/design.md at 2 bytes per value.
 - Wall time (s, mean per seed), on 2 CPU cores shared with other work:
   {", ".join(f"{k} {v:.0f}" for k, v in times.items())}.
 

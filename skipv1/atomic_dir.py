@@ -1,4 +1,5 @@
-"""One atomic-directory helper for every command that writes a directory (convert, export):
+"""One atomic-directory helper for everything that writes a directory (convert, export, the
+token store, the universal-checkpoint copy, the demo's source export):
 a temporary workspace beside DST whose `out/` is renamed to DST on success and which is removed
 on any error, Ctrl-C or SIGTERM, so DST is either the old one, the new one, or absent."""
 
@@ -15,6 +16,10 @@ from .errors import SkipV1Error
 TMP_MARK = ".skipv1-tmp-"
 
 
+class DestinationAppeared(SkipV1Error):
+    """DST was created by another process while this one was writing it (nothing replaced)."""
+
+
 def resolve_path(path: Path, role: str) -> Path:
     """`path` resolved, or a one-line error when it runs through a symlink loop."""
     try:
@@ -24,6 +29,32 @@ def resolve_path(path: Path, role: str) -> Path:
             f"{role} {path} cannot be resolved ({err}): it lies in a symlink loop or an "
             "unreadable directory; choose another path"
         ) from None
+
+
+# Room for headers, config, tokenizer and provenance beyond the tensor bytes.
+DISK_SLACK = 16 * 2**20
+
+
+def check_room(dst: Path, need: int, role: str = "DST") -> None:
+    """Before anything is written: DST's filesystem must be writable and have `need` bytes
+    free (the up-front half of the disk contract; console.cli_command names a disk that fills
+    up later)."""
+    probe = dst.parent
+    while not probe.exists():
+        probe = probe.parent
+    stat = os.statvfs(probe)
+    if stat.f_flag & os.ST_RDONLY:
+        raise SkipV1Error(
+            f"{role} {dst} is on a read-only filesystem ({probe}): choose a writable place"
+        )
+    if not os.access(probe, os.W_OK):
+        raise SkipV1Error(f"{role} {dst}: {probe} is not writable by this user: choose another")
+    free = stat.f_bavail * stat.f_frsize
+    if need > free:
+        raise SkipV1Error(
+            f"not enough free disk for {dst}: the output needs {need / 1e9:.2f} GB and "
+            f"{probe} has {free / 1e9:.2f} GB free; free some space or choose another {role}"
+        )
 
 
 def workspace_path(dst: Path, pid: int | None = None) -> Path:
@@ -116,7 +147,9 @@ def _publish(work: Path, dst: Path, overwrite: bool) -> None:
             path.chmod(mode)
     if dst.exists() or dst.is_symlink():
         if not overwrite:  # another process created it while we were converting
-            raise SkipV1Error(f"{dst} appeared while it was being written: nothing was replaced")
+            raise DestinationAppeared(
+                f"{dst} appeared while it was being written: nothing was replaced"
+            )
         # Move the old one aside first so DST is never a mix of old and new files.
         os.rename(dst, work / "previous")
     try:

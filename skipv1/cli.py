@@ -9,7 +9,7 @@ from rich.table import Table
 
 from .checkpoint_info import describe
 from .console import cli_command, stdout
-from .convert.init_registry import DEFAULT_INIT
+from .convert.inits import DEFAULT_INIT
 
 app = typer.Typer(
     name="skipv1",

@@ -1,6 +1,7 @@
 """Terminal output shared by the commands: rich consoles, progress bars, and the error contract
 (a SkipV1Error becomes one line on stderr and exit code 2)."""
 
+import errno
 import functools
 import sys
 from collections.abc import Callable
@@ -19,6 +20,21 @@ from rich.progress import (
 )
 
 from .errors import SkipV1Error
+
+# Errors of the disk a command writes to: the user can fix them, so one line and exit 2 (the
+# atomic outputs have removed what was half-written by the time this is printed).
+DISK_ERRORS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only filesystem",
+    errno.EACCES: "permission denied",
+}
+DISK_FIX = {
+    errno.ENOSPC: "free some space or choose another destination, then rerun",
+    errno.EDQUOT: "free some space or choose another destination, then rerun",
+    errno.EROFS: "choose a writable destination",
+    errno.EACCES: "choose a destination this user can write, or fix its permissions",
+}
 
 console = Console(stderr=True)
 stdout = Console(soft_wrap=True)
@@ -66,6 +82,12 @@ def cli_command(fn: Callable) -> Callable:
         except SkipV1Error as err:
             fail(str(err))
             raise typer.Exit(err.exit_code) from None
+        except OSError as err:
+            if err.errno not in DISK_ERRORS:
+                raise
+            where = f" ({err.filename})" if err.filename else ""
+            fail(f"{DISK_ERRORS[err.errno]}{where}: {DISK_FIX[err.errno]}")
+            raise typer.Exit(2) from None
         except KeyboardInterrupt:
             fail("interrupted")
             raise typer.Exit(130) from None

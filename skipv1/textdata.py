@@ -10,10 +10,12 @@ A data spec is a string or a mapping:
 - a mapping `{files | name, config, split, text_field, streaming}` as used in recipes.
 """
 
+import contextlib
 import glob
 import os
+import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,28 @@ FORMATS = {
     ".parquet": "parquet",
 }
 EMBEDDED_SPLITS = ("all", "train", "validation")
+
+
+@dataclass
+class DataStats:
+    documents: int = 0
+    tokens: int = 0
+    skipped_records: int = 0  # missing / empty / non-string text
+    skipped_files: list[str] = field(default_factory=list)  # zero-byte files
+
+    def warn(self, what: str) -> None:
+        if self.skipped_files:
+            warnings.warn(
+                f"{what}: skipped {len(self.skipped_files)} empty file(s), e.g. "
+                f"{self.skipped_files[0]}",
+                stacklevel=2,
+            )
+        if self.skipped_records:
+            warnings.warn(
+                f"{what}: skipped {self.skipped_records} record(s) with a missing, empty or "
+                "non-string text field",
+                stacklevel=2,
+            )
 
 
 @dataclass(frozen=True)
@@ -174,16 +198,79 @@ def open_dataset(spec: "str | dict | DataSpec", streaming: bool = False):
         raise SkipV1Error(f"cannot read data {spec.describe()}: {first_line}") from err
 
 
-def iter_texts(spec: "str | dict | DataSpec", streaming: bool = False) -> Iterator[str]:
-    """Yields the non-empty texts of a data source, checking the text field exists."""
+def iter_documents(
+    spec: "str | dict | DataSpec",
+    streaming: bool = False,
+    stats: DataStats | None = None,
+    shuffle: tuple[int, int] | None = None,
+) -> Iterator[str]:
+    """The non-empty texts of a data source in a fixed order; `shuffle` = (seed, buffer) for
+    streaming. Records whose text is missing, empty or not a string are skipped and counted in
+    `stats`; a text field the data lacks and undecodable files are errors naming them."""
     spec = parse_data_spec(spec)
-    field_name = "text" if spec.kind == "embedded" else spec.text_field
-    for record in open_dataset(spec, streaming=streaming):
-        if field_name not in record:
-            raise SkipV1Error(
-                f"record without the text field {field_name!r} in {spec.describe()}: set "
-                f"`text_field` to one of {sorted(record)}"
-            )
-        text = record[field_name]
-        if isinstance(text, str) and text.strip():
+    stats = DataStats() if stats is None else stats
+    with undecodable_file_named(spec):
+        ds, field_name = open_text_dataset(spec, streaming)
+        if shuffle is not None and shuffle[1] > 0:
+            ds = ds.shuffle(seed=shuffle[0], buffer_size=shuffle[1])
+        for index, record in enumerate(ds):
+            if index == 0 and field_name not in record:  # streamed: no columns to check up front
+                raise _no_text_field(spec, field_name, record)
+            text = record.get(field_name)
+            if not is_document(text):
+                stats.skipped_records += 1
+                continue
+            stats.documents += 1
             yield text
+
+
+def is_document(text) -> bool:
+    """Whether a record's text is used: a string with something besides white space."""
+    return isinstance(text, str) and bool(text.strip())
+
+
+def open_text_dataset(spec: DataSpec, streaming: bool = False):
+    """(dataset, text field name), erroring if the dataset's columns lack the text field."""
+    field_name = "text" if spec.kind == "embedded" else spec.text_field
+    ds = open_dataset(spec, streaming=streaming)
+    columns = getattr(ds, "column_names", None)
+    if columns is not None and field_name not in columns:
+        raise _no_text_field(spec, field_name, columns)
+    return ds, field_name
+
+
+def _no_text_field(spec: DataSpec, field_name: str, columns) -> SkipV1Error:
+    return SkipV1Error(
+        f"data {spec.describe()} has no text field {field_name!r}: set `text_field` to one of "
+        f"{sorted(columns)}"
+    )
+
+
+@contextlib.contextmanager
+def undecodable_file_named(spec: DataSpec):
+    """Turns a UTF-8 decoding failure anywhere in reading `spec` into an error naming the file."""
+    try:
+        yield
+    except SkipV1Error as err:
+        raise _explain_decode_error(spec, err) from err.__cause__
+    except UnicodeDecodeError as err:
+        raise _explain_decode_error(spec, err) from err
+
+
+def _explain_decode_error(spec: DataSpec, err: Exception) -> Exception:
+    """datasets hides which file held undecodable bytes; find it (only after a failure)."""
+    cause, chain = err, []
+    while cause is not None:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if not any(isinstance(c, UnicodeDecodeError) for c in chain) or spec.kind != "files":
+        return err
+    for name in spec.files:
+        try:
+            Path(name).read_bytes().decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return SkipV1Error(
+                f"data file {name} is not valid UTF-8 (byte {bad.object[bad.start]:#04x} at "
+                f"offset {bad.start}): re-encode it as UTF-8 or remove it from the data"
+            )
+    return err

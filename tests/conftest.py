@@ -43,6 +43,23 @@ def cli() -> Cli:
     return Cli()
 
 
+@pytest.fixture
+def converted(cli):
+    """converted(SRC, DST, *ARGS): `skipv1 convert SRC DST ARGS --quiet`, which must succeed;
+    returns DST. `--init mean` unless ARGS name an init: the convert tests pin the streaming
+    mechanics on `mean`, whose output is known exactly; the default init (reconstruct) has its
+    own tests in test_reconstruct.py."""
+
+    def _convert(src: Path, dst: Path, *args) -> Path:
+        if "--init" not in args:
+            args = (*args, "--init", "mean")
+        result = cli("convert", src, dst, *args, "--quiet")
+        assert result.exit_code == 0, result.output
+        return dst
+
+    return _convert
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
     return build_tokenizer(tmp_path_factory.mktemp("tokenizer"))

@@ -8,7 +8,7 @@ from transformers import LlamaForCausalLM
 from skipv1 import SkipV1LlamaForCausalLM
 from skipv1.convert import calibrate as calibrate_module
 from skipv1.convert.calibrate import Calibration, LayerFit, calibrate
-from skipv1.convert.init import init_mean
+from skipv1.convert.inits.mean import init_mean
 
 HEADS, KV, D, LAYERS = 8, 4, 8, 3
 

@@ -13,22 +13,6 @@ from transformers import AutoModelForCausalLM
 from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
 
 
-@pytest.fixture
-def converted(cli):
-    """`skipv1 convert SRC DST ARGS --quiet`, which must succeed; returns DST. These tests pin the
-    streaming mechanics on `mean`, whose output is known exactly; the default init (reconstruct)
-    has its own tests in test_reconstruct.py."""
-
-    def _convert(src: Path, dst: Path, *args) -> Path:
-        if "--init" not in args:
-            args = (*args, "--init", "mean")
-        result = cli("convert", src, dst, *args, "--quiet")
-        assert result.exit_code == 0, result.output
-        return dst
-
-    return _convert
-
-
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory (safetensors or .bin, single or sharded)."""
     tensors = {}

@@ -42,9 +42,10 @@ def test_error_while_writing_removes_everything(checkpoint, tmp_path, monkeypatc
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(writer, "save_file", full_disk)
+    monkeypatch.setattr(writer, "copy_range", full_disk)  # mid-shard, header written
     result = cli("convert", src, dst, "--quiet", "--init", "mean")
-    assert result.exit_code == 1 and isinstance(result.exception, OSError)
+    assert result.exit_code == 2 and "no space left on the device" in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
     assert not dst.exists() and leftovers(dst) == []
 
 

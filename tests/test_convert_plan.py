@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from skipv1.convert.config import skipv1_config, sliding_window_active
-from skipv1.convert.init import init_keep, init_mean, value_head_groups
+from skipv1.convert.inits import value_head_groups
+from skipv1.convert.inits.keep import init_keep
+from skipv1.convert.inits.mean import init_mean
 from skipv1.convert.plan import COPY, REWRITE_V, make_plan, shard_file_names, shard_layout
 from skipv1.errors import SkipV1Error
 

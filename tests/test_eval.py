@@ -13,10 +13,13 @@ import torch.nn.functional as F
 from factories import make_skipv1_checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from skipv1.convert.options import ConvertOptions
+from skipv1.errors import SkipV1Error
 from skipv1.evaluate.api import evaluate_models
 from skipv1.evaluate.perplexity import windows
-from skipv1.evaluate.settings import EvalSettings, parse_bytes
+from skipv1.evaluate.settings import EvalSettings
 from skipv1.textdata import embedded_documents
+from skipv1.units import parse_bytes
 
 FAST = ["--prompt-len", "16", "--new-tokens", "4", "--repeats", "1", "--quiet"]
 
@@ -50,13 +53,12 @@ def write_docs(folder: Path, docs: list[str]) -> str:
 
 
 def reference_stream(path: Path, docs: list[str], max_tokens: int) -> torch.Tensor:
-    """Documents joined with EOS, tokenized here independently of skipv1."""
+    """EOS after every document, tokenized here independently of skipv1."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     ids = []
     for doc in docs:
-        if ids:
-            ids.append(tokenizer.eos_token_id)
         ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
+        ids.append(tokenizer.eos_token_id)
     return torch.tensor(ids[:max_tokens])
 
 
@@ -320,7 +322,7 @@ BAD_INPUTS = {
     ),
     "jsonl without a text field": (
         lambda t, s: [s, "--data", write(t / "q.jsonl", '{"question": "why"}\n')],
-        "without the text field 'text'",
+        "has no text field 'text': set `text_field` to one of",
     ),
     "hub dataset unreachable offline": (
         lambda t, s: [s, "--data", "no-such-user/no-such-dataset"],
@@ -337,7 +339,7 @@ BAD_INPUTS = {
     "negative max tokens": (lambda t, s: [s, "--max-tokens", "-1"], "--max-tokens -1 is too"),
     "one new token": (lambda t, s: [s, "--new-tokens", "1"], "--new-tokens 1 is too small"),
     "prompt too long": (lambda t, s: [s, "--prompt-len", "300"], "exceeds the 256 positions"),
-    "bad budget": (lambda t, s: [s, "--kv-budget", "lots"], "cannot read 'lots' as a byte"),
+    "bad budget": (lambda t, s: [s, "--kv-budget", "lots"], "--kv-budget lots is not a size"),
     "bad dtype": (lambda t, s: [s, "--dtype", "int3"], "unknown --dtype"),
     "plot not png": (lambda t, s: [s, "--plot", t / "x.jpg"], "must name a .png file"),
 }
@@ -353,7 +355,12 @@ def test_bad_input_exits_2_with_one_line(checkpoint, tmp_path, case, cli):
 
 
 def test_parse_bytes_reads_plain_and_suffixed_sizes():
-    assert parse_bytes("1024") == 1024
-    assert parse_bytes("16GiB") == 16 * 2**30
-    assert parse_bytes("500MB") == 500 * 10**6
-    assert parse_bytes("1.5k") == 1500
+    """One parser for --kv-budget and --shard-size (both accept 16G, 5GB, 2GiB)."""
+    assert parse_bytes("1024", "--kv-budget") == 1024
+    assert parse_bytes("16GiB", "--kv-budget") == 16 * 2**30
+    assert parse_bytes("500MB", "--kv-budget") == 500 * 10**6
+    assert parse_bytes("1.5k", "--kv-budget") == 1500
+    assert parse_bytes("16G", "--shard-size") == 16 * 10**9
+    assert ConvertOptions(shard_size="16G").max_shard_bytes == 16 * 10**9
+    with pytest.raises(SkipV1Error, match="--shard-size 0 is not a size"):
+        parse_bytes("0", "--shard-size")

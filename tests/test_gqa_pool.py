@@ -1,10 +1,14 @@
 """Mean-pooled GQA (the recovery experiment's outside anchor): pooling into groups of one head
 is the identity, and pooling averages adjacent K/V heads."""
 
+import sys
+from pathlib import Path
+
 import torch
 from transformers import AutoModelForCausalLM
 
-from skipv1.convert.gqa import pool_kv_tensor, write_pooled_gqa
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from gqa_pool import pool_kv_tensor, write_pooled_gqa  # noqa: E402
 
 
 def test_pooling_into_groups_of_one_head_reproduces_the_source(checkpoint, tmp_path):

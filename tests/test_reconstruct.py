@@ -19,9 +19,9 @@ from test_calibrate import (
 from transformers import AutoModelForCausalLM
 
 from skipv1.cli import demo
-from skipv1.convert.api import convert_checkpoint
 from skipv1.convert.command import convert as convert_command
-from skipv1.convert.init_registry import DEFAULT_INIT
+from skipv1.convert.inits import DEFAULT_INIT
+from skipv1.convert.options import ConvertOptions
 from skipv1.convert.reconstruct import reconstruct
 from skipv1.demo import DemoSettings
 from skipv1.uptrain.recipe import ModelSection
@@ -70,7 +70,7 @@ def test_reconstruct_keeps_the_checkpoint_contract():
 
 def test_the_default_init_is_the_same_everywhere():
     cli_default = inspect.signature(convert_command).parameters["init"].default
-    api_default = inspect.signature(convert_checkpoint).parameters["init"].default
+    api_default = ConvertOptions().init  # convert_checkpoint's options when none are given
     demo_default = inspect.signature(demo).parameters["init"].default
     assert DEFAULT_INIT == "reconstruct"
     assert {cli_default, api_default, demo_default, ModelSection().init} == {DEFAULT_INIT}

@@ -11,16 +11,9 @@ from factories import write_corpus
 from transformers import AutoTokenizer
 
 from skipv1.errors import SkipV1Error
-from skipv1.uptrain.data import (
-    DataStats,
-    InMemoryBatches,
-    iter_documents,
-    iter_token_ids,
-    load_blocks,
-    make_train_batches,
-    pack_blocks,
-    resolve_spec,
-)
+from skipv1.packing import pack_blocks
+from skipv1.textdata import DataStats, iter_documents
+from skipv1.uptrain.data import InMemoryBatches, load_blocks, make_train_batches, resolve_spec
 from skipv1.uptrain.recipe import load_recipe
 from skipv1.uptrain.token_store import META, TOKENS, train_store
 
@@ -91,9 +84,9 @@ def test_streamed_store_keeps_the_seeded_stream_order_up_to_the_budget(tmp_path,
     path, meta = train_store(recipe, tok, 0, log=lambda _: None)
     assert meta["blocks"] == 10 * 8  # the budget's blocks, not the whole corpus
     stats = DataStats()
-    docs = iter_documents(resolve_spec(recipe.data.train, stats), stats, True, (0, 8))
-    stream = pack_blocks(iter_token_ids(docs, tok, tok.eos_token_id), 32)
-    expected = np.stack([next(stream) for _ in range(16)])
+    spec = resolve_spec(recipe.data.train, stats)
+    docs = iter_documents(spec, streaming=True, stats=stats, shuffle=(0, 8))
+    expected = pack_blocks(docs, tok, 32, max_blocks=16)
     batches = make_train_batches(recipe, tok, log=lambda _: None).batches(0)
     assert (np.concatenate([next(batches), next(batches)]) == expected).all()
 

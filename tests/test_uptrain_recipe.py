@@ -1,4 +1,4 @@
-"""Recipe schema, schedule, data packing and bad data: fast tests, no process group."""
+"""Recipe schema, schedule, batch order and bad data: fast tests, no process group."""
 
 import json
 from pathlib import Path
@@ -11,7 +11,6 @@ from skipv1.errors import SkipV1Error
 from skipv1.uptrain.data import (
     InMemoryBatches,
     load_blocks,
-    pack_blocks,
     rank_micro_batches,
 )
 from skipv1.uptrain.recipe import gradient_accumulation, load_recipe, total_steps
@@ -62,6 +61,12 @@ def test_defaults_follow_the_paper(tmp_path):
         (["budget.tokens=10"], "less than one step"),
         (["checkpoint.resume=sometimes"], "allowed values are auto, never or an existing"),
         (["optim"], "is not `dotted.key=value`"),
+        (["deepspeed.zero_stage=true"], "`deepspeed.zero_stage` is True: allowed values are 0,"),
+        (["optim.warmup_fraction=1"], "`optim.warmup_fraction` is 1.0: it must be in [0, 1)"),
+        (["log.every=0"], "`log.every` is 0: it must be positive"),
+        (["optim.betas=[0.9]"], "`optim.betas` is [0.9]: give two numbers in [0, 1)"),
+        (["budget.tokens=4096.5"], "recipe key `budget.tokens` must be int, got float 4096.5"),
+        (["optim=3"], "`optim` must be a mapping of keys"),
     ],
 )
 def test_schema_errors_name_the_key(tmp_path, overrides, message):
@@ -77,6 +82,12 @@ def test_overrides_parse_yaml_values(tmp_path):
     )
     assert (r.optim.lr, r.deepspeed.zero_stage, r.data.eval) == (3e-4, 3, None)
     assert r.optim.betas == [0.9, 0.99]
+
+
+def test_yaml_numbers_and_empty_sections(tmp_path):
+    r = load_recipe(write_recipe(tmp_path / "r.yaml"), ["budget.tokens=2e4", "optim="])
+    assert (r.budget.tokens, r.optim.lr, r.data.store_timeout) == (20000, 1.5e-4, 7200.0)
+    assert isinstance(r.to_dict()["data"]["store_timeout"], float)
 
 
 def test_batch_must_split_over_ranks(tmp_path):
@@ -106,9 +117,19 @@ def test_schedule_warms_up_then_decays_to_min_ratio():
     assert lrs[-1] == pytest.approx(0.1)
 
 
-def test_packing_puts_eos_between_documents_and_cuts_exact_blocks():
-    blocks = list(pack_blocks(iter([[1, 2, 0], [3, 4, 5, 0], [6, 0]]), 4))
-    assert [b.tolist() for b in blocks] == [[1, 2, 0, 3], [4, 5, 0, 6]]
+@pytest.mark.parametrize("total, warmup", [(100, 10), (16, 2), (10, 0)])
+def test_schedule_is_transformers_cosine_with_warmup_one_step_earlier(total, warmup):
+    """schedule.py says why we keep our own: transformers' cosine ending on our last step
+    (num_training_steps=total - 1) matches ours; its warmup is ours minus 1/warmup."""
+    import torch
+    from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    hf = get_cosine_with_min_lr_schedule_with_warmup(opt, warmup, total - 1, min_lr_rate=0.1)
+    for step in range(total):
+        ours, theirs = lr_multiplier(step, total, warmup, 0.1), hf.lr_lambdas[0](step)
+        shift = 1 / warmup if step < warmup else 0.0
+        assert abs(ours - (theirs + shift)) < 1e-12, step
 
 
 def test_batch_order_is_seeded_and_independent_of_ranks():
@@ -151,8 +172,11 @@ def test_undecodable_bytes_name_the_file(tmp_path, tokenizer_dir):
 
 def test_missing_text_column_lists_the_fields(tmp_path, tokenizer_dir):
     (tmp_path / "a.jsonl").write_text(json.dumps({"body": "x" * 100}) + "\n")
-    with pytest.raises(SkipV1Error, match=r"no text field 'text': set `text_field` to one of"):
-        load_blocks(str(tmp_path / "a.jsonl"), _tok(tokenizer_dir), 16, "train")
+    for streaming_limit in (None, 4):  # streamed: found on the first record
+        with pytest.raises(SkipV1Error, match=r"no text field 'text': set `text_field` to one of"):
+            load_blocks(
+                str(tmp_path / "a.jsonl"), _tok(tokenizer_dir), 16, "train", streaming_limit
+            )
 
 
 def test_all_empty_and_too_small_data_are_errors(tmp_path, tokenizer_dir):

@@ -3,7 +3,6 @@ checkpoint inside a temporary workspace and rename it into place."""
 
 import json
 import math
-import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -12,18 +11,25 @@ from pathlib import Path
 
 import torch
 
-from ..atomic_dir import atomic_workspace, remove_stale_workspaces, resolve_path
+from ..atomic_dir import (
+    DISK_SLACK,
+    atomic_workspace,
+    check_room,
+    remove_stale_workspaces,
+    resolve_path,
+)
 from ..checkpoint_info import check_supported, is_skipv1, read_config
 from ..console import byte_progress, console
 from ..errors import SkipV1Error
 from ..smollm2 import smollm2_gguf_path
-from .calibrate import Calibration, calibrate_source, calibration_record, check_calibration_options
+from ..units import torch_dtype
+from .calibrate import Calibration, calibrate_source, calibration_record
 from .companions import companion_files, copy_companions, copy_modeling_code
 from .config import ConfigChange, skipv1_config
-from .init import apply_init
-from .init_registry import CALIBRATED_INITS, DEFAULT_CALIB_DISTILL_STEPS, DEFAULT_INIT
+from .options import ConvertOptions
 from .plan import (
     CALIBRATE,
+    COPY,
     DROPPABLE_SUFFIXES,
     REWRITE_V,
     ConversionPlan,
@@ -32,14 +38,18 @@ from .plan import (
     shard_layout,
 )
 from .provenance import sha256_of, write_model_card, write_provenance
-from .reader import SourceWeights, download_from_hub, is_hub_id, iter_tensors, scan_weights
-from .writer import write_shards
+from .reader import (
+    FileRange,
+    SourceWeights,
+    download_from_hub,
+    is_hub_id,
+    iter_tensors,
+    scan_weights,
+)
+from .writer import TensorSpec, write_shards
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Sources named by a built-in name instead of a path (the model the demo and tiny-cpu use).
 BUILTIN_SOURCES = {"builtin:smollm2": smollm2_gguf_path}
-# Room for headers, config, tokenizer and provenance beyond the tensor bytes.
-DISK_SLACK = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -79,40 +89,18 @@ class Prepared:
 def convert_checkpoint(
     src: "str | Path",
     dst: "str | Path",
+    options: ConvertOptions | None = None,
     *,
-    skip_heads: int | None = None,
-    init: str = DEFAULT_INIT,
-    dtype: str = "auto",
-    shard_size: "str | int" = "5GB",
     overwrite: bool = False,
     dry_run: bool = False,
-    trust_remote_code: bool = False,
     quiet: bool = False,
-    calib_data: str = "embedded:train",
-    calib_tokens: int = 32768,
-    calib_seq_len: int = 256,
-    calib_distill_steps: int = DEFAULT_CALIB_DISTILL_STEPS,
+    **fields,
 ) -> dict:
     """Converts a Llama/Mistral/Qwen2 checkpoint to SkipV1 and returns the summary that
-    `skipv1 convert --json` prints. Raises SkipV1Error, before writing anything, on bad input."""
+    `skipv1 convert --json` prints. `options`, or its fields as keywords (`init="keep"`), say
+    how. Raises SkipV1Error, before writing anything, on bad input."""
     start = time.perf_counter()
-    options = {
-        "skip_heads": skip_heads,
-        "init": init,
-        "dtype": dtype,
-        "shard_size": shard_size,
-        "max_shard_bytes": parse_shard_size(shard_size),
-        "trust_remote_code": trust_remote_code,
-    }
-    if init in CALIBRATED_INITS:
-        options.update(
-            calib_data=calib_data, calib_tokens=calib_tokens, calib_seq_len=calib_seq_len
-        )
-        if init == "reconstruct":
-            options["calib_distill_steps"] = calib_distill_steps
-        check_calibration_options(options)
-    if dtype != "auto" and dtype not in DTYPES:
-        raise SkipV1Error(f"--dtype {dtype} is unknown: choose auto, {', '.join(DTYPES)}")
+    options = (options or ConvertOptions(**fields)).check()
     dst = Path(dst).expanduser().absolute()
     source = locate_source(src)
     check_destination(source.path, dst, overwrite)
@@ -144,19 +132,6 @@ def _warned(summary: dict) -> dict:
 
 
 # --- options and paths ------------------------------------------------------------------------
-
-
-def parse_shard_size(value: "str | int") -> int:
-    from transformers.utils.hub import convert_file_size_to_int
-
-    text = str(value).strip()
-    try:
-        size = int(text) if text.isdigit() else convert_file_size_to_int(text)
-    except ValueError:
-        size = 0
-    if size <= 0:
-        raise SkipV1Error(f"--shard-size {value} is not a size: write e.g. 5GB, 500MB or 2GiB")
-    return size
 
 
 def locate_source(src: "str | Path") -> Source:
@@ -224,21 +199,21 @@ def stage_gguf(gguf: Path, staging: Path) -> Path:
 # --- validation -------------------------------------------------------------------------------
 
 
-def prepare(root: Path, dst: Path, options: dict) -> Prepared:
+def prepare(root: Path, dst: Path, options: ConvertOptions) -> Prepared:
     """Reads config and shard headers, checks them against each other and the options, and
     plans the output; raises SkipV1Error on anything wrong. Reads no tensor data."""
     config = read_config(root)
-    check_source_config(config, root, options["trust_remote_code"])
-    plan = make_plan(config, options["skip_heads"], options["init"])
+    check_source_config(config, root, options.trust_remote_code)
+    plan = make_plan(config, options.skip_heads, options.init)
     weights = scan_weights(root)
     order, dropped = check_tensors(plan, weights)
-    forced = DTYPES.get(options["dtype"])
+    forced = torch_dtype(options.dtype) if options.dtype != "auto" else None
     target_dtype = {n: forced or weights.refs[n].dtype for n in order}
     sizes = [(n, _nbytes(plan.tasks[n].target_shape, target_dtype[n])) for n in order]
-    layout = shard_layout(sizes, options["max_shard_bytes"])
-    out_config, changes = skipv1_config(config, plan, options["dtype"] if forced else None)
+    layout = shard_layout(sizes, options.max_shard_bytes)
+    out_config, changes = skipv1_config(config, plan, options.dtype if forced else None)
     companions = companion_files(root)
-    if plan.init in CALIBRATED_INITS and plan.skip_heads and not companions["tokenizer"]:
+    if plan.init_method.calibrated and plan.skip_heads and not companions["tokenizer"]:
         raise SkipV1Error(
             f"--init {plan.init} needs the source's tokenizer for its calibration text and "
             f"{root} has no tokenizer files: add them, or pass --init keep (no calibration, "
@@ -298,16 +273,7 @@ def check_free_disk(dst: Path, prepared: Prepared) -> None:
     companions = sum(
         _size_of(prepared.root / n) for names in prepared.companions.values() for n in names
     )
-    need = prepared.bytes_out() + companions + DISK_SLACK
-    probe = dst.parent
-    while not probe.exists():
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    if need > free:
-        raise SkipV1Error(
-            f"not enough free disk for {dst}: the output needs {need / 1e9:.2f} GB and "
-            f"{probe} has {free / 1e9:.2f} GB free; free some space or choose another DST"
-        )
+    check_room(dst, prepared.bytes_out() + companions + DISK_SLACK)
 
 
 def _size_of(path: Path) -> int:
@@ -319,38 +285,54 @@ def _size_of(path: Path) -> int:
 # --- writing ----------------------------------------------------------------------------------
 
 
+def byte_copied(prepared: Prepared) -> set[str]:
+    """Tensors the plan leaves as they are, dtype included, in a safetensors source: their bytes
+    go from file to file, never decoded."""
+    if prepared.weights.format != "safetensors":
+        return set()
+    refs, tasks = prepared.weights.refs, prepared.plan.tasks
+    return {
+        n
+        for n in prepared.order
+        if tasks[n].action == COPY and prepared.target_dtype[n] == refs[n].dtype
+    }
+
+
 def converted_tensors(
     prepared: Prepared, calibration: Calibration | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
+) -> Iterator[tuple[str, "torch.Tensor | FileRange"]]:
     plan = prepared.plan
-    for name, tensor in iter_tensors(prepared.weights, set(prepared.order)):
+    raw = byte_copied(prepared)
+    for name, tensor in iter_tensors(prepared.weights, set(prepared.order), raw):
+        if name in raw:
+            yield name, tensor
+            continue
         if calibration is not None and plan.tasks[name].action in (REWRITE_V, CALIBRATE):
             tensor = calibration.transform(name, tensor)
         elif plan.tasks[name].action == REWRITE_V:
-            tensor = apply_init(plan.init, tensor, plan.source.num_kv_heads, plan.skip_heads)
+            tensor = plan.init_method.value_rows(tensor, plan.source.num_kv_heads, plan.skip_heads)
         target = prepared.target_dtype[name]
         yield name, tensor if tensor.dtype == target else tensor.to(target)
 
 
 def write_output(
-    source: Source, dst: Path, prepared: Prepared, options: dict, out: Path, quiet: bool
+    source: Source, dst: Path, prepared: Prepared, options: ConvertOptions, out: Path, quiet: bool
 ) -> dict:
     calibration = None
-    if prepared.plan.init in CALIBRATED_INITS and prepared.plan.skip_heads:
+    if prepared.plan.init_method.calibrated and prepared.plan.skip_heads:
         calibration = calibrate_source(prepared, options, quiet)
+    specs = {
+        n: TensorSpec(prepared.target_dtype[n], prepared.plan.tasks[n].target_shape)
+        for n in prepared.order
+    }
     with byte_progress(quiet) as progress:
         task = progress.add_task("converting", total=prepared.bytes_out())
-
-        def advance(name: str, tensor: torch.Tensor) -> None:
-            progress.advance(task, tensor.numel() * tensor.element_size())
-
-        refs = prepared.weights.refs
         written = write_shards(
             out,
             prepared.layout,
+            specs,
             converted_tensors(prepared, calibration),
-            on_tensor=advance,
-            source_of=lambda name: refs[name].file,
+            on_tensor=lambda name, nbytes: progress.advance(task, nbytes),
         )
     (out / "config.json").write_text(json.dumps(prepared.out_config, indent=2) + "\n")
     copy_companions(prepared.root, out, prepared.companions)
@@ -373,7 +355,9 @@ def write_output(
 # --- the summary ------------------------------------------------------------------------------
 
 
-def summarize(source: Source, dst: Path, prepared: Prepared, options: dict, dry_run: bool) -> dict:
+def summarize(
+    source: Source, dst: Path, prepared: Prepared, options: ConvertOptions, dry_run: bool
+) -> dict:
     plan, source_model = prepared.plan, prepared.plan.source
     v0 = "model.layers.0.self_attn.v_proj.weight"
     kv_dtype = prepared.target_dtype.get(v0, torch.bfloat16)
@@ -405,8 +389,8 @@ def summarize(source: Source, dst: Path, prepared: Prepared, options: dict, dry_
         "skip_heads": plan.skip_heads,
         "init": plan.init,
         "value_head_groups": [list(g) for g in plan.groups],
-        "options": {k: v for k, v in options.items() if k != "max_shard_bytes"},
-        "max_shard_bytes": options["max_shard_bytes"],
+        "options": options.record(),
+        "max_shard_bytes": options.max_shard_bytes,
         "output_files": shard_file_names(len(prepared.layout)),
         "bytes_out": prepared.bytes_out(),
         "tensors": {

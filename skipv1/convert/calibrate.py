@@ -29,7 +29,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repea
 from ..errors import SkipV1Error
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 from ..modeling.modeling_skipv1_llama import SkipV1LlamaDecoderLayer
-from .plan import later_attention_projection
+from ..packing import cut_blocks, token_stream
+from .names import later_attention_projection
 
 LoadTensors = Callable[[list[str]], dict[str, torch.Tensor]]
 
@@ -303,96 +304,68 @@ def _greedy_assignment(errors: torch.Tensor, count: int) -> dict[int, int]:
 def calibration_token_blocks(
     tokenizer, texts: Iterator[str], tokens: int, seq_len: int
 ) -> torch.Tensor:
-    """(N, seq_len) token ids: texts joined with EOS, cut into blocks, at most `tokens` in all."""
-    eos = tokenizer.eos_token_id
-    stream: list[int] = []
-    wanted = max(seq_len, tokens // seq_len * seq_len)
-    for text in texts:
-        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if eos is not None:
-            stream.append(eos)
-        if len(stream) >= wanted:
-            break
-    blocks = len(stream[:wanted]) // seq_len
-    if blocks == 0:
+    """(N, seq_len) token ids packed by packing.py, at most `tokens` in all (at least one block)."""
+    stream = token_stream(texts, tokenizer, max(seq_len, tokens // seq_len * seq_len))
+    blocks = cut_blocks(stream, seq_len)
+    if len(blocks) == 0:
         raise SkipV1Error(
             f"the calibration text has {len(stream)} tokens, fewer than one sequence of "
             f"{seq_len}: give more text (--calib-data) or a smaller --calib-seq-len"
         )
-    return torch.tensor(stream[: blocks * seq_len]).view(blocks, seq_len)
+    return torch.from_numpy(blocks)
 
 
 # --- glue with the converter ------------------------------------------------------------------
 
 
-def check_calibration_options(options: dict) -> None:
-    """Up-front checks, so that bad calibration options fail before anything is written."""
-    from ..textdata import parse_data_spec
+@dataclass
+class CalibrationRun:
+    """What a calibrated init's `fit` reads: the source, its calibration tokens, the options."""
 
-    parse_data_spec(options["calib_data"])
-    for key in ("calib_tokens", "calib_seq_len"):
-        if not isinstance(options[key], int) or options[key] <= 0:
-            flag = "--" + key.replace("_", "-")
-            raise SkipV1Error(f"{flag} {options[key]} must be a positive number of tokens")
-    steps = options.get("calib_distill_steps", 0)
-    if not isinstance(steps, int) or steps < 0:
-        raise SkipV1Error(f"--calib-distill-steps {steps} must be 0 or a positive number of steps")
-    if options["calib_tokens"] < options["calib_seq_len"]:
-        raise SkipV1Error(
-            f"--calib-tokens {options['calib_tokens']} is less than one sequence of "
-            f"--calib-seq-len {options['calib_seq_len']}: raise it"
-        )
+    config: SkipV1LlamaConfig  # the source as a SkipV1 config with s = 0
+    load: LoadTensors
+    ids: torch.Tensor  # (N, seq_len) calibration tokens
+    skip_heads: int
+    options: object  # ConvertOptions
+    tensor_names: list[str]  # every tensor of the source, for passes that need the whole model
+    progress: object  # a rich Progress
+    device: str
+
+    def layer_progress(self, label: str) -> Callable[[int], None]:
+        task = self.progress.add_task(f"{label}: layers", total=self.config.num_hidden_layers)
+        return lambda i: self.progress.advance(task)
 
 
-def calibrate_source(prepared, options: dict, quiet: bool):
-    """Runs the plan's calibrated init (`calibrate`, or `reconstruct`) on a validated source (see
-    api.prepare), reading one layer at a time; returns an object with `transform` and
-    `summary`."""
+def calibrate_source(prepared, options, quiet: bool):
+    """Runs the plan's calibrated init on a validated source (see api.prepare), reading one
+    layer at a time; returns an object with `transform` and `summary`."""
     from ..console import step_progress
-    from ..textdata import iter_texts
+    from ..textdata import iter_documents
     from .reader import iter_tensors
 
-    config = source_config(prepared.out_config)
+    plan = prepared.plan
     ids = calibration_token_blocks(
-        _tokenizer(prepared.root, prepared.plan.init),
-        iter_texts(options["calib_data"]),
-        options["calib_tokens"],
-        options["calib_seq_len"],
+        _tokenizer(prepared.root, plan.init),
+        iter_documents(options.calib_data),
+        options.calib_tokens,
+        options.calib_seq_len,
     )
 
     def load(names: list[str]) -> dict[str, torch.Tensor]:
         return dict(iter_tensors(prepared.weights, set(names)))
 
-    fit = calibrate
-    if prepared.plan.init == "reconstruct":
-        from .reconstruct import reconstruct as fit
-    steps = options.get("calib_distill_steps", 0) if prepared.plan.init == "reconstruct" else 0
     with step_progress(quiet) as progress:
-        task = progress.add_task(f"{prepared.plan.init}: layers", total=config.num_hidden_layers)
-        result = fit(
-            config,
+        run = CalibrationRun(
+            source_config(prepared.out_config),
             load,
             ids,
-            prepared.plan.skip_heads,
-            on_layer=lambda i: progress.advance(task),
-            device=calibration_device(),
+            plan.skip_heads,
+            options,
+            prepared.order,
+            progress,
+            calibration_device(),
         )
-        if steps:
-            from .distill_attention import distill_attention
-
-            task = progress.add_task("reconstruct: distilling attention", total=steps)
-            tensors, result.distill = distill_attention(
-                config,
-                load(prepared.order),
-                result.transform,
-                ids,
-                prepared.plan.skip_heads,
-                steps,
-                device=calibration_device(),
-                on_step=lambda i: progress.advance(task),
-            )
-            result.tensors.update(tensors)
-    return result
+        return plan.init_method.fit(run)
 
 
 def calibration_device() -> str:
@@ -426,12 +399,12 @@ METHOD = (
 )
 
 
-def calibration_record(calibration, options: dict) -> dict:
+def calibration_record(calibration, options) -> dict:
     """Settings and per-layer results for skipv1_conversion.json."""
     return {
-        "data": str(options["calib_data"]),
-        "tokens": options["calib_tokens"],
-        "seq_len": options["calib_seq_len"],
+        "data": str(options.calib_data),
+        "tokens": options.calib_tokens,
+        "seq_len": options.calib_seq_len,
         "method": getattr(calibration, "method", METHOD),
         **({"distill": calibration.distill} if getattr(calibration, "distill", None) else {}),
         "device": calibration_device(),

@@ -7,7 +7,8 @@ import typer
 
 from ..console import cli_command, stdout
 from .api import convert_checkpoint
-from .init_registry import DEFAULT_CALIB_DISTILL_STEPS, DEFAULT_INIT
+from .options import CONVERT_DEFAULTS as D
+from .options import ConvertOptions
 
 
 @cli_command
@@ -21,7 +22,7 @@ def convert(
         typer.Option(
             help="Value heads (in KV heads) later layers take from layer 0 [default: n_kv // 2]."
         ),
-    ] = None,
+    ] = D.skip_heads,
     init: Annotated[
         str,
         typer.Option(
@@ -29,11 +30,11 @@ def convert(
             "layer by layer on calibration text), calibrated (heads chosen, borrowed heads' "
             "o_proj refitted), keep (first heads) or mean (the paper's mean of head groups)."
         ),
-    ] = DEFAULT_INIT,
+    ] = D.init,
     dtype: Annotated[
         str, typer.Option(help="Output dtype: auto (the source's), bfloat16, float16, float32.")
-    ] = "auto",
-    shard_size: Annotated[str, typer.Option(help="Largest output shard, e.g. 5GB.")] = "5GB",
+    ] = D.dtype,
+    shard_size: Annotated[str, typer.Option(help="Largest output shard, e.g. 5GB.")] = D.shard_size,
     overwrite: Annotated[bool, typer.Option(help="Replace DST if it exists.")] = False,
     dry_run: Annotated[
         bool, typer.Option(help="Validate and print the plan and KV saving; write nothing.")
@@ -41,42 +42,40 @@ def convert(
     trust_remote_code: Annotated[
         bool,
         typer.Option(help="Convert a source whose config names custom code (never executed)."),
-    ] = False,
+    ] = D.trust_remote_code,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
     calib_data: Annotated[
         str, typer.Option(help="reconstruct/calibrated inits: calibration text (a data spec).")
-    ] = "embedded:train",
+    ] = D.calib_data,
     calib_tokens: Annotated[
         int, typer.Option(help="reconstruct/calibrated inits: calibration tokens.")
-    ] = 32768,
+    ] = D.calib_tokens,
     calib_distill_steps: Annotated[
         int,
         typer.Option(
             help="reconstruct: steps (of 4 calibration sequences) of the final distillation of "
             "later layers' attention from the source; 0 skips it (it holds the model twice)."
         ),
-    ] = DEFAULT_CALIB_DISTILL_STEPS,
+    ] = D.calib_distill_steps,
     calib_seq_len: Annotated[
         int, typer.Option(help="reconstruct/calibrated inits: tokens per calibration sequence.")
-    ] = 256,
+    ] = D.calib_seq_len,
 ) -> None:
     """Convert a Llama/Mistral/Qwen2 checkpoint to SkipV1Former."""
-    summary = convert_checkpoint(
-        src,
-        dst,
+    options = ConvertOptions(
         skip_heads=skip_heads,
         init=init,
         dtype=dtype,
         shard_size=shard_size,
-        overwrite=overwrite,
-        dry_run=dry_run,
         trust_remote_code=trust_remote_code,
-        quiet=quiet or as_json,
         calib_data=calib_data,
         calib_tokens=calib_tokens,
         calib_seq_len=calib_seq_len,
         calib_distill_steps=calib_distill_steps,
+    )
+    summary = convert_checkpoint(
+        src, dst, options, overwrite=overwrite, dry_run=dry_run, quiet=quiet or as_json
     )
     if as_json:
         stdout.print_json(json.dumps(summary))

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from ..checkpoint_info import SOURCE_ARCHITECTURES, architecture, default_skip_heads
 from ..errors import SkipV1Error
 from ..modeling.layout import KVLayout, kv_layout
-from .init import value_head_groups
-from .init_registry import CALIBRATED_INITS, DEFAULT_INIT, INIT_SPECS, INITS
+from .inits import DEFAULT_INIT, Init, get_init
+from .names import later_attention_projection
 
 COPY = "copy"
 REWRITE_V = "rewrite_v"
-# Calibrated inits: q/k/o of later layers are permuted by head and refitted (see init_registry).
+# Tensors an init rewrites in place (Init.rewrites: calibrated inits refit q/k/o, down_proj).
 CALIBRATE = "calibrate"
 # Buffers some old checkpoints saved; the model recomputes them.
 DROPPABLE_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -114,13 +114,13 @@ class ConversionPlan:
         return self.source.num_kv_heads - self.skip_heads
 
     @property
+    def init_method(self) -> Init:
+        return get_init(self.init)
+
+    @property
     def groups(self) -> tuple[tuple[int, ...], ...]:
         """Source value heads each own head of a later layer is made from."""
-        if self.init in CALIBRATED_INITS:
-            return ()  # chosen per layer on calibration data: see the calibration summary
-        if self.init == "keep":
-            return tuple((j,) for j in range(self.own_heads))
-        return value_head_groups(self.source.num_kv_heads, self.skip_heads)
+        return self.init_method.groups(self.source.num_kv_heads, self.skip_heads)
 
     @property
     def kv_after(self) -> KVLayout:
@@ -128,21 +128,6 @@ class ConversionPlan:
 
     def changed(self) -> list[TensorTask]:
         return [t for t in self.tasks.values() if t.action != COPY]
-
-
-def attention_projection(name: str) -> str | None:
-    """ "q_proj" for model.layers.{i}.self_attn.q_proj.{weight,bias} (likewise k, v, o)."""
-    parts = name.split(".")
-    ok = len(parts) == 6 and parts[:2] == ["model", "layers"] and parts[2].isdigit()
-    ok = ok and parts[3] == "self_attn" and parts[4] in ("q_proj", "k_proj", "v_proj", "o_proj")
-    return parts[4] if ok else None
-
-
-def later_attention_projection(name: str) -> str | None:
-    """ "q_proj" for model.layers.{i}.self_attn.q_proj.{weight,bias} with i >= 1 (likewise k, v,
-    o); None for any other tensor."""
-    projection = attention_projection(name)
-    return projection if projection and int(name.split(".")[2]) >= 1 else None
 
 
 def make_plan(
@@ -157,36 +142,25 @@ def make_plan(
             f"--skip-heads {s} is out of range: this model has {n_kv} KV heads, "
             f"choose 0 <= N <= {n_kv - 1}"
         )
-    if init not in INITS:
-        raise SkipV1Error(f"--init {init} is unknown: choose one of {', '.join(INITS)}")
+    method = get_init(init)
     tasks = {}
     for name, shape in source.expected_shapes().items():
         projection = later_attention_projection(name) if s else None
         if projection == "v_proj":
             target = ((n_kv - s) * source.head_dim, *shape[1:])
             tasks[name] = TensorTask(name, REWRITE_V, shape, target)
-        elif s and _rewritten_by_init(init, name):
+        elif s and method.rewrites(name):
             tasks[name] = TensorTask(name, CALIBRATE, shape, shape)
         else:
             tasks[name] = TensorTask(name, COPY, shape, shape)
     return ConversionPlan(source, s, init, tasks)
 
 
-def _rewritten_by_init(init: str, name: str) -> bool:
-    """q/k/o of later layers for calibrated inits; their mlp.down_proj for those that refit it."""
-    spec = INIT_SPECS[init]
-    if not spec.calibrated:
-        return False
-    if later_attention_projection(name):
-        return True
-    parts = name.split(".")
-    later = len(parts) > 3 and parts[2].isdigit() and int(parts[2]) >= 1
-    return spec.refits_mlp and later and name.endswith(".mlp.down_proj.weight")
-
-
 def shard_layout(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:
     """Greedy, in order: a shard takes tensors while it stays under the limit; a tensor larger
-    than the limit gets a shard of its own (as transformers does)."""
+    than the limit gets a shard of its own. huggingface_hub's splitter gives the same shards
+    except there, where it takes the big tensor out of read order; the writer fills shards in
+    read order, so this stays ours (tests/test_shard_layout.py pins both)."""
     shards: list[list[str]] = []
     current: list[str] = []
     filled = 0

@@ -8,7 +8,7 @@ import json
 import platform
 from pathlib import Path
 
-from .init_registry import INIT_SPECS
+from .inits import get_init
 
 PROVENANCE_FILE = "skipv1_conversion.json"
 LIBRARIES = ("skipv1", "torch", "transformers", "safetensors", "huggingface_hub", "tokenizers")
@@ -50,7 +50,7 @@ def write_model_card(out: Path, summary: dict) -> None:
     kv = summary["kv_bytes_per_token"]
     groups = ", ".join("(" + ",".join(map(str, g)) + ")" for g in summary["value_head_groups"])
     own_last = summary["num_kv_heads"] - summary["skip_heads"] - 1
-    rule = INIT_SPECS[summary["init"]].rule.format(groups=groups, own_last=own_last)
+    rule = get_init(summary["init"]).rule.format(groups=groups, own_last=own_last)
     base = summary.get("hub_id")
     front = ["---", "library_name: transformers", "tags:", "- skipv1", "- skipv1former"]
     if base:

@@ -3,9 +3,11 @@
 A source is a local HF directory (safetensors or PyTorch .bin, single file or shards + index), a
 .gguf file (dequantized through transformers into a staging directory first), or a Hub id.
 `scan_weights` validates every shard from its header alone; `iter_tensors` then reads tensors
-one source shard at a time, in file order, so at most one shard is open.
+one source shard at a time, in file order, so at most one shard is open; a tensor that is to be
+copied unchanged is not read at all but handed on as the byte range it occupies (`FileRange`).
 """
 
+import contextlib
 import json
 import logging
 import math
@@ -37,10 +39,20 @@ class TensorRef:
     file: str
     shape: tuple[int, ...]
     dtype: torch.dtype
+    offset: int | None = None  # where its bytes start in a safetensors file; None in a .bin
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class FileRange:
+    """The raw bytes of a tensor inside a source file, for copying without decoding."""
+
+    path: Path
+    offset: int
+    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,7 @@ def _safetensors_refs(path: Path) -> list[TensorRef]:
             meta = {n: (tuple(s.get_shape()), s.get_dtype()) for n, s in slices.items()}
     except SafetensorError as err:
         raise _bad_safetensors(path, err) from None
+    offsets = _data_offsets(path)  # safetensors has validated the header: it parses
     refs = []
     for name, (shape, dtype) in meta.items():
         if dtype not in SAFETENSORS_DTYPES:
@@ -159,8 +172,21 @@ def _safetensors_refs(path: Path) -> list[TensorRef]:
                 f"{path.name}: tensor {name} has dtype {dtype}; only float checkpoints are supported "
                 "(dequantize a quantized checkpoint first)"
             )
-        refs.append(TensorRef(name, path.name, shape, SAFETENSORS_DTYPES[dtype]))
+        refs.append(TensorRef(name, path.name, shape, SAFETENSORS_DTYPES[dtype], offsets[name]))
     return refs
+
+
+def _read_header(path: Path) -> tuple[int, dict]:
+    """(where the data starts, the JSON header) of a safetensors file."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return 8 + length, json.loads(f.read(length))
+
+
+def _data_offsets(path: Path) -> dict[str, int]:
+    """File offset of each tensor's first byte (safetensors' API does not expose it)."""
+    start, header = _read_header(path)
+    return {k: start + v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
 
 
 def _bad_safetensors(path: Path, err: Exception) -> SkipV1Error:
@@ -180,11 +206,9 @@ def _declared_size(path: Path) -> int | None:
     """File size a safetensors header promises (8-byte length + JSON + data), None if unreadable.
     Only used to word the error: safetensors itself has already rejected the file."""
     try:
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
+        start, header = _read_header(path)
         ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-        return 8 + length + max(ends, default=0)
+        return start + max(ends, default=0)
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return None
 
@@ -219,21 +243,31 @@ def _bin_refs(path: Path) -> list[TensorRef]:
 # --- reading the data ------------------------------------------------------------------------
 
 
-def iter_tensors(weights: SourceWeights, names: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for the wanted names in read order, one source shard open at a time."""
+def iter_tensors(
+    weights: SourceWeights, names: set[str], raw: set[str] = frozenset()
+) -> Iterator[tuple[str, "torch.Tensor | FileRange"]]:
+    """(name, tensor) for the wanted names in read order, one source shard open at a time; for
+    names in `raw` (safetensors sources only), (name, FileRange) instead, without reading."""
     for file in weights.files:
         wanted = [r.name for r in weights.refs.values() if r.file == file and r.name in names]
         if not wanted:
             continue
         path = weights.root / file
         if weights.format == "safetensors":
-            # Memory-mapped: a tensor is a view of the page cache, so an unchanged tensor goes
-            # from the source file to the output file with a single copy.
-            with safe_open(path, framework="pt") as f:
-                for name in wanted:
-                    yield name, f.get_tensor(name)
+            yield from _safetensors_tensors(path, [weights.refs[n] for n in wanted], raw)
         else:
             state = _load_bin(path)
             for name in wanted:
                 yield name, state.pop(name).contiguous()
             del state
+
+
+def _safetensors_tensors(path: Path, refs: list[TensorRef], raw: set[str]):
+    decode = any(r.name not in raw for r in refs)
+    # Memory-mapped when anything is decoded: a tensor is a view of the page cache.
+    with safe_open(path, framework="pt") if decode else contextlib.nullcontext() as f:
+        for r in refs:
+            if r.name in raw:
+                yield r.name, FileRange(path, r.offset, r.nbytes)
+            else:
+                yield r.name, f.get_tensor(r.name)

@@ -1,14 +1,200 @@
 """Streaming output: safetensors shards written as they fill, index last (into the atomic
-workspace of skipv1.atomic_dir)."""
+workspace of skipv1.atomic_dir).
 
+A planned shard's header is written first, from the plan's dtypes and shapes; each tensor then
+goes straight to its offset as it arrives, so nothing waits in memory. A tensor the plan leaves
+unchanged arrives as the byte range it has in its source file and is copied by the kernel
+(copy_file_range, else sendfile) without ever being decoded."""
+
+import errno
 import json
+import math
+import os
+import struct
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from .plan import shard_file_names
+from .reader import SAFETENSORS_DTYPES, FileRange
+
+DTYPE_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+# safetensors.save_file orders a file's data by dtype, in this order reversed, then by name;
+# following it keeps the shards byte-identical to what save_file wrote before.
+DTYPE_ORDER = ("F16", "BF16", "F32", "F64")
+METADATA = {"format": "pt"}
+# Errors that mean "this kernel or file system cannot copy this way", not a failed copy.
+NO_KERNEL_COPY = {
+    errno.ENOSYS,
+    errno.EXDEV,
+    errno.EINVAL,
+    errno.EOPNOTSUPP,
+    errno.ENOTSUP,
+    errno.ENOTSOCK,
+    errno.EPERM,
+}
+BUFFER_BYTES = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What the plan says an output tensor is."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.dtype.itemsize * math.prod(self.shape)
+
+
+def shard_header(specs: dict[str, TensorSpec]) -> tuple[bytes, dict[str, int]]:
+    """(the header bytes of a shard holding these tensors, each tensor's file offset)."""
+    rank = {name: i for i, name in enumerate(DTYPE_ORDER)}
+    names = sorted(specs, key=lambda n: (-rank[DTYPE_NAMES[specs[n].dtype]], n))
+    header, offsets, at = {"__metadata__": METADATA}, {}, 0
+    for name in names:
+        spec = specs[name]
+        header[name] = {
+            "dtype": DTYPE_NAMES[spec.dtype],
+            "shape": list(spec.shape),
+            "data_offsets": [at, at + spec.nbytes],
+        }
+        offsets[name] = at
+        at += spec.nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads the header to 8 bytes with spaces
+    start = 8 + len(text)
+    return struct.pack("<Q", len(text)) + text, {n: start + o for n, o in offsets.items()}
+
+
+def write_shards(
+    out: Path,
+    layout: list[list[str]],
+    specs: dict[str, TensorSpec],
+    tensors: Iterable[tuple[str, "torch.Tensor | FileRange"]],
+    on_tensor=None,
+) -> dict:
+    """Streams (name, tensor or FileRange) pairs, arriving in layout order, into safetensors
+    shards whose headers come from `specs`. Writes the index last (when there is more than one
+    shard) and returns {"files": [...], "total_size": bytes}."""
+    files = shard_file_names(len(layout))
+    shard_of = {name: i for i, names in enumerate(layout) for name in names}
+    current, left, fd, offsets, weight_map = 0, set(), None, {}, {}
+    try:
+        for name, data in tensors:
+            if fd is None and shard_of.get(name) == current:  # the next shard's first tensor
+                fd, offsets = _open_shard(
+                    out / files[current], {n: specs[n] for n in layout[current]}
+                )
+                left = set(layout[current])
+            if name not in left:
+                raise RuntimeError(f"tensor {name} arrived out of the planned shard order")
+            _write_tensor(fd, offsets[name], specs[name], name, data)
+            left.remove(name)
+            weight_map[name] = files[current]
+            if on_tensor is not None:
+                on_tensor(name, specs[name].nbytes)
+            if not left:
+                os.close(fd)
+                fd, current = None, current + 1
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if current != len(layout):
+        raise RuntimeError(f"only {current} of {len(layout)} shards were completed")
+    total = sum(specs[n].nbytes for n in weight_map)
+    if len(files) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return {"files": files, "total_size": total}
+
+
+def _open_shard(path: Path, specs: dict[str, TensorSpec]) -> tuple[int, dict[str, int]]:
+    header, offsets = shard_header(specs)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    _pwrite_all(fd, memoryview(header), 0)
+    return fd, offsets
+
+
+def _write_tensor(fd: int, at: int, spec: TensorSpec, name: str, data) -> None:
+    if isinstance(data, FileRange):
+        if data.nbytes != spec.nbytes:
+            raise RuntimeError(f"{name}: {data.nbytes} source bytes, the plan says {spec.nbytes}")
+        copy_range(data, fd, at)
+        return
+    if data.dtype != spec.dtype or tuple(data.shape) != spec.shape:
+        raise RuntimeError(
+            f"{name} came out {data.dtype} {list(data.shape)}; the plan says "
+            f"{spec.dtype} {list(spec.shape)}"
+        )
+    # The tensor's own memory, viewed as bytes: no copy unless it is not contiguous.
+    _pwrite_all(fd, memoryview(data.contiguous().reshape(-1).view(torch.uint8).numpy()), at)
+
+
+def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], at + done)
+
+
+# --- copying a byte range between files --------------------------------------------------------
+
+
+def copy_range(src: FileRange, fd: int, at: int) -> None:
+    """The bytes of `src` to offset `at` of `fd`: inside the kernel where it can (no trip through
+    user space, and a reflink on file systems that share extents), else through a buffer."""
+    with open(src.path, "rb", buffering=0) as f:
+        done = 0
+        for step in (_copy_file_range, _sendfile, _buffered):
+            done = step(f.fileno(), fd, src.offset, at, src.nbytes, done)
+            if done == src.nbytes:
+                return
+    raise RuntimeError(f"{src.path} ended before byte {src.offset + src.nbytes}: it changed")
+
+
+def _copy_file_range(src: int, dst: int, src_at: int, dst_at: int, count: int, done: int) -> int:
+    if not hasattr(os, "copy_file_range"):
+        return done
+    try:
+        while done < count:
+            n = os.copy_file_range(src, dst, count - done, src_at + done, dst_at + done)
+            if n == 0:
+                break
+            done += n
+    except OSError as err:
+        if err.errno not in NO_KERNEL_COPY:
+            raise
+    return done
+
+
+def _sendfile(src: int, dst: int, src_at: int, dst_at: int, count: int, done: int) -> int:
+    if not hasattr(os, "sendfile"):
+        return done
+    try:
+        os.lseek(dst, dst_at + done, os.SEEK_SET)  # sendfile writes at the file position
+        while done < count:
+            n = os.sendfile(dst, src, src_at + done, count - done)
+            if n == 0:
+                break
+            done += n
+    except OSError as err:
+        if err.errno not in NO_KERNEL_COPY:
+            raise
+    return done
+
+
+def _buffered(src: int, dst: int, src_at: int, dst_at: int, count: int, done: int) -> int:
+    while done < count:
+        block = os.pread(src, min(BUFFER_BYTES, count - done), src_at + done)
+        if not block:
+            break
+        _pwrite_all(dst, memoryview(block), dst_at + done)
+        done += len(block)
+    return done
 
 
 def _unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -19,47 +205,6 @@ def _unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out[name] = tensor.clone() if key in seen else tensor
         seen.add(key)
     return out
-
-
-def write_shards(
-    out: Path,
-    layout: list[list[str]],
-    tensors: Iterable[tuple[str, torch.Tensor]],
-    on_tensor=None,
-    source_of=None,
-) -> dict:
-    """Streams (name, tensor) pairs, arriving in layout order, into safetensors shards; each shard
-    is written as soon as its last tensor arrives and then freed. Writes the index last (when
-    there is more than one shard) and returns {"files": [...], "total_size": bytes}.
-
-    `source_of(name)` names the source shard a tensor is a memory-mapped view of: when it
-    changes, the tensors still waiting for their output shard are copied into memory, so that
-    only one source shard stays mapped."""
-    files = shard_file_names(len(layout))
-    shard_of = {name: i for i, names in enumerate(layout) for name in names}
-    pending: dict[str, torch.Tensor] = {}
-    current, total, weight_map, mapped = 0, 0, {}, None
-    for name, tensor in tensors:
-        if shard_of.get(name) != current:
-            raise RuntimeError(f"tensor {name} arrived out of the planned shard order")
-        if source_of is not None and source_of(name) != mapped:
-            pending = {k: v.clone() for k, v in pending.items()}
-            mapped = source_of(name)
-        pending[name] = tensor
-        total += tensor.numel() * tensor.element_size()
-        weight_map[name] = files[current]
-        if on_tensor is not None:
-            on_tensor(name, tensor)
-        if len(pending) == len(layout[current]):
-            save_file(_unshare(pending), out / files[current], metadata={"format": "pt"})
-            pending.clear()
-            current += 1
-    if current != len(layout):
-        raise RuntimeError(f"only {current} of {len(layout)} shards were completed")
-    if len(files) > 1:
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return {"files": files, "total_size": total}
 
 
 def write_shards_as_they_fill(

@@ -14,11 +14,12 @@ import torch
 from ..checkpoint_info import architecture
 from ..console import console, step_progress
 from ..errors import SkipV1Error
-from ..textdata import iter_texts, parse_data_spec
+from ..packing import token_stream
+from ..textdata import iter_documents, parse_data_spec
 from .kv_memory import max_batch, measure_kv
 from .lm_eval_runner import run_lm_eval, task_manager
 from .loading import check_model_dir, load_model, max_positions, resolve_device, resolve_dtype
-from .perplexity import perplexity, token_stream, windows
+from .perplexity import perplexity, windows
 from .settings import EvalSettings
 from .speed import measure_speed
 
@@ -37,7 +38,7 @@ class CachedTexts:
     """The data's texts, read once and replayed for every model (Hub data may be streamed)."""
 
     def __init__(self, spec: str) -> None:
-        self._source = iter_texts(spec, streaming=parse_data_spec(spec).kind == "hub")
+        self._source = iter_documents(spec, streaming=parse_data_spec(spec).kind == "hub")
         self._seen: list[str] = []
 
     def __iter__(self) -> Iterator[str]:
@@ -195,7 +196,7 @@ def _evaluate_one(path, config, settings, texts, prompt, device, dtype) -> dict:
 
 
 def _perplexity(loaded, texts: CachedTexts, settings: EvalSettings) -> dict:
-    ids = token_stream(texts, loaded.tokenizer, loaded.eos_token_id, settings.max_tokens)
+    ids = torch.from_numpy(token_stream(texts, loaded.tokenizer, settings.max_tokens or None))
     total = len(windows(ids.numel(), settings.ctx, settings.stride))
     with step_progress(settings.quiet) as progress:
         task = progress.add_task(f"{Path(loaded.path).name}: perplexity", total=total)

@@ -14,25 +14,6 @@ class LoadedModel:
     path: str
     model: torch.nn.Module
     tokenizer: object
-    max_positions: int
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def eos_token_id(self) -> int:
-        """EOS separates documents in the perplexity stream."""
-        eos = self.tokenizer.eos_token_id
-        if eos is None:
-            eos = self.model.config.eos_token_id
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
-        if eos is None:
-            raise SkipV1Error(
-                f"{self.path} defines no EOS token (tokenizer or config): set eos_token_id"
-            )
-        return int(eos)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -70,7 +51,7 @@ def load_model(path: "str | Path", device: torch.device, dtype: torch.dtype) -> 
 
     from .. import modeling  # noqa: F401  registers skipv1_llama with the Auto classes
 
-    config = check_model_dir(path)
+    check_model_dir(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
@@ -83,7 +64,7 @@ def load_model(path: "str | Path", device: torch.device, dtype: torch.dtype) -> 
     except (OSError, ValueError) as err:
         raise SkipV1Error(f"cannot load the weights of {path}: {_first_line(err)}") from None
     model.to(device).eval()
-    return LoadedModel(str(path), model, tokenizer, max_positions(config))
+    return LoadedModel(str(path), model, tokenizer)
 
 
 def _first_line(err: Exception) -> str:

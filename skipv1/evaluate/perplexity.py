@@ -1,4 +1,4 @@
-"""Token-weighted perplexity over one token stream (documents joined with EOS), in windows of
+"""Token-weighted perplexity over one token stream (packing.token_stream), in windows of
 `ctx` tokens. stride == ctx: non-overlapping windows. stride < ctx: the usual Hugging Face sliding
 window, where each window scores only the tokens the previous one did not, so every token is
 scored once, with up to ctx - stride tokens of extra context."""
@@ -29,20 +29,6 @@ class PerplexityResult:
     perplexity: float
     mean_nll: float
     tokens: int  # scored tokens
-
-
-def token_stream(
-    texts: Iterable[str], tokenizer, eos_token_id: int, max_tokens: int = 0
-) -> torch.Tensor:
-    """Token ids of the texts, EOS between documents, cut at max_tokens (0: no limit)."""
-    ids: list[int] = []
-    for text in texts:
-        if ids:
-            ids.append(eos_token_id)
-        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if max_tokens and len(ids) >= max_tokens:
-            break
-    return torch.tensor(ids[:max_tokens] if max_tokens else ids, dtype=torch.long)
 
 
 def windows(num_tokens: int, ctx: int, stride: int) -> list[Window]:

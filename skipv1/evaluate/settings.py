@@ -1,38 +1,106 @@
 """What `eval` measures and how: one settings object, validated at the edge, identical for every
 model in a run so that the side-by-side numbers compare like with like."""
 
-import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
+from ..cli_fields import cli
 from ..errors import SkipV1Error
+from ..units import DTYPE_NAMES, parse_bytes
+from .lm_eval_runner import parse_tasks
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", *DTYPE_NAMES)
 DEVICES = ("auto", "cpu", "cuda")
+PPL = "Perplexity"
+KV = "KV cache and speed"
+LM = "lm-evaluation-harness"
 
 
 @dataclass
 class EvalSettings:
-    data: str = "embedded:validation"
-    ctx: int | None = None  # None: min(1024, the smallest max_position_embeddings of the models)
-    stride: int | None = None  # None: ctx (non-overlapping windows)
-    max_tokens: int = 65536  # 0: every token of the data
-    ppl_batch: int = 4  # perplexity windows per forward pass
-    prompt_len: int = 128
-    new_tokens: int = 32
-    batch: int = 1
-    repeats: int = 3
-    kv_budget: int = 16 * 2**30
-    context_len: int = 4096
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
-    device: str = "auto"
-    seed: int = 0
-    skip_perplexity: bool = False
-    skip_speed: bool = False
-    tasks: list[str] = field(default_factory=list)
-    tasks_dir: str | None = None  # extra lm-eval task YAMLs (include_path)
-    lm_eval_limit: int | None = None
-    lm_eval_batch: int = 1
-    quiet: bool = False
+    """Every `eval` option: the CLI is made from these fields (cli_fields.py)."""
+
+    data: str = field(
+        default="embedded:validation",
+        metadata=cli(
+            "Data spec: local .txt/.jsonl/.parquet files or glob; embedded, embedded:train or "
+            "embedded:validation; or a Hub dataset NAME, NAME:CONFIG, NAME:CONFIG@SPLIT.",
+            panel=PPL,
+        ),
+    )
+    ctx: int | None = field(
+        default=None,
+        metadata=cli("Tokens per window (default: min(1024, max positions)).", panel=PPL),
+    )
+    stride: int | None = field(
+        default=None,
+        metadata=cli(
+            "Window step; < ctx slides the window, each token scored once (default: ctx).",
+            panel=PPL,
+        ),
+    )
+    max_tokens: int = field(
+        default=65536, metadata=cli("Tokens of the data to score; 0 for all.", panel=PPL)
+    )
+    ppl_batch: int = field(default=4, metadata=cli("Windows per forward pass.", panel=PPL))
+    skip_perplexity: bool = field(
+        default=False, metadata=cli("Skip perplexity.", panel=PPL, flag="--no-perplexity")
+    )
+    prompt_len: int = field(
+        default=128, metadata=cli("Prompt tokens for the KV measure and speed.", panel=KV)
+    )
+    new_tokens: int = field(
+        default=32, metadata=cli("Tokens generated per speed run (>= 2).", panel=KV)
+    )
+    batch: int = field(default=1, metadata=cli("Sequences per speed run.", panel=KV))
+    repeats: int = field(
+        default=3, metadata=cli("Timed speed runs; the median is reported.", panel=KV)
+    )
+    kv_budget: int = field(
+        default=16 * 2**30,
+        metadata=cli(
+            "KV-cache memory for the max-batch column: bytes, or 16GiB, 500MB...",
+            panel=KV,
+            type=str,
+            default="16GiB",
+            parse=lambda text: parse_bytes(text, "--kv-budget"),
+        ),
+    )
+    context_len: int = field(
+        default=4096, metadata=cli("Tokens per sequence for the max-batch column.", panel=KV)
+    )
+    skip_speed: bool = field(
+        default=False, metadata=cli("Skip the speed runs.", panel=KV, flag="--no-speed")
+    )
+    dtype: str = field(
+        default="auto",
+        metadata=cli("auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16."),
+    )
+    device: str = field(default="auto", metadata=cli("auto, cpu or cuda."))
+    seed: int = field(default=0, metadata=cli("Seed of the speed/KV prompt."))
+    tasks: list[str] = field(
+        default_factory=list,
+        metadata=cli(
+            "Comma-separated lm-eval tasks, run on every model (needs the lm-eval extra).",
+            panel=LM,
+            type=str | None,
+            parse=parse_tasks,
+        ),
+    )
+    tasks_dir: str | None = field(  # extra lm-eval task YAMLs (include_path)
+        default=None,
+        metadata=cli(
+            "Directory of extra lm-eval task YAMLs.",
+            panel=LM,
+            type=Path | None,
+            parse=lambda path: str(path) if path else None,
+        ),
+    )
+    lm_eval_limit: int | None = field(
+        default=None, metadata=cli("Examples per lm-eval task.", panel=LM)
+    )
+    lm_eval_batch: int = field(default=1, metadata=cli("lm-eval batch size.", panel=LM))
+    quiet: bool = field(default=False, metadata=cli("No progress output.", flag="--quiet"))
 
     def validate(self) -> "EvalSettings":
         """Raises SkipV1Error on the first bad number; run before loading anything slow."""
@@ -69,15 +137,3 @@ class EvalSettings:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def parse_bytes(text: "str | int") -> int:
-    """`17179869184`, `16GiB`, `16G`, `500MB` -> bytes (KiB/MiB/GiB are powers of 2)."""
-    if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(i?)[bB]?\s*", str(text))
-    if not match:
-        raise SkipV1Error(f"cannot read {text!r} as a byte count: write e.g. 16GiB, 500MB or 1024")
-    number, unit, binary = match.groups()
-    power = "kmgt".index(unit.lower()) + 1 if unit else 0
-    return int(float(number) * (1024 if binary else 1000) ** power)

@@ -6,8 +6,8 @@ down as a keyword argument), never only through the cache, so uncached training,
 and token-by-token decoding compute the same function. Later layers cache only their own value
 heads: that is the KV-cache saving.
 
-This file is copied next to converted weights (see `auto_map`), so it imports only transformers
-and its sibling configuration and paged-cache files.
+This file is copied next to converted weights (see `auto_map`), so it imports only torch,
+transformers, safetensors (their dependency) and its sibling configuration and paged-cache files.
 """
 
 import functools

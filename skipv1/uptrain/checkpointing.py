@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..atomic_dir import atomic_workspace, remove_stale_workspaces
 from ..errors import SkipV1Error
 
 COMPLETE = "complete"
@@ -164,35 +165,37 @@ def universal_copy(ckpt: Path, rank: int) -> Path:
     """The universal-checkpoint conversion of `ckpt`, made once by rank 0 (temp dir + rename)."""
     out = ckpt.with_name(ckpt.name + ".universal")
     if rank == 0 and not (out / COMPLETE).is_file():
-        tmp = ckpt.with_name(ckpt.name + ".universal.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(out, ignore_errors=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "deepspeed.checkpoint.ds_to_universal",
-            "--input_folder",
-            str(ckpt),
-            "--output_folder",
-            str(tmp),
-            "--inject_missing_state",
-            "--num_extract_workers",
-            "1",
-            "--num_merge_workers",
-            "1",
-        ]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            tail = (result.stderr or result.stdout).strip().splitlines()[-1:]
-            raise SkipV1Error(
-                f"converting {ckpt} to a universal checkpoint failed ({' '.join(tail)}): resume "
-                "on the world size it was saved with"
-            )
-        for name in (STATE_FILE, COMPLETE):
-            shutil.copy(ckpt / name, tmp / name)
-        tmp.rename(out)
+        remove_stale_workspaces(out)
+        with atomic_workspace(out, overwrite=True) as work:
+            _to_universal(ckpt, work / "out")
     _barrier()
     return out
+
+
+def _to_universal(ckpt: Path, tmp: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(ckpt),
+        "--output_folder",
+        str(tmp),
+        "--inject_missing_state",
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:]
+        raise SkipV1Error(
+            f"converting {ckpt} to a universal checkpoint failed ({' '.join(tail)}): resume "
+            "on the world size it was saved with"
+        )
+    for name in (STATE_FILE, COMPLETE):
+        shutil.copy(ckpt / name, tmp / name)
 
 
 TRUST_HINT = "`checkpoint.trust_pickles: true` for uptrain, `--trust-checkpoint` for export"

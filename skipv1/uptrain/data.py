@@ -1,5 +1,5 @@
-"""Training data: datasets -> tokenize with the model's tokenizer -> pack into `seq_len` blocks
-with EOS between documents -> a deterministic, resumable order of global batches.
+"""Training data: datasets -> tokenize and pack into `seq_len` blocks (packing.py: EOS after
+every document) -> a deterministic, resumable order of global batches.
 
 The train blocks come from a token store (token_store.py), tokenized once. The order is a pure
 function of (seed, step): global batch `step` is blocks `step * B .. (step + 1) * B - 1` of an
@@ -13,39 +13,14 @@ are skipped and counted (a warning says how many); undecodable files, a missing 
 data smaller than one global batch are errors naming the file or key.
 """
 
-import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import SkipV1Error
-from ..textdata import DataSpec, open_dataset, parse_data_spec
-
-TOKENIZE_CHUNK = 256  # documents per tokenizer call
-
-
-@dataclass
-class DataStats:
-    documents: int = 0
-    tokens: int = 0
-    skipped_records: int = 0  # missing / empty / non-string text
-    skipped_files: list[str] = field(default_factory=list)  # zero-byte files
-
-    def warn(self, what: str) -> None:
-        if self.skipped_files:
-            warnings.warn(
-                f"{what}: skipped {len(self.skipped_files)} empty file(s), e.g. "
-                f"{self.skipped_files[0]}",
-                stacklevel=2,
-            )
-        if self.skipped_records:
-            warnings.warn(
-                f"{what}: skipped {self.skipped_records} record(s) with a missing, empty or "
-                "non-string text field",
-                stacklevel=2,
-            )
+from ..packing import pack_blocks
+from ..textdata import DataSpec, DataStats, iter_documents, parse_data_spec
 
 
 def resolve_spec(spec, stats: DataStats) -> DataSpec:
@@ -60,102 +35,19 @@ def resolve_spec(spec, stats: DataStats) -> DataSpec:
     return DataSpec("files", kept, spec.name, spec.config, spec.split, spec.text_field)
 
 
-def iter_documents(spec: DataSpec, stats: DataStats, streaming: bool, shuffle=None):
-    """Texts of a data source in a fixed order; `shuffle` = (seed, buffer) for streaming."""
-    field_name = "text" if spec.kind == "embedded" else spec.text_field
-    try:
-        ds = open_dataset(spec, streaming=streaming)
-        columns = getattr(ds, "column_names", None)
-        if columns is not None and field_name not in columns:
-            raise SkipV1Error(
-                f"data {spec.describe()} has no text field {field_name!r}: set `text_field` to "
-                f"one of {sorted(columns)}"
-            )
-        if shuffle is not None and shuffle[1] > 0:
-            ds = ds.shuffle(seed=shuffle[0], buffer_size=shuffle[1])
-        for record in ds:
-            text = record.get(field_name)
-            if not isinstance(text, str) or not text.strip():
-                stats.skipped_records += 1
-                continue
-            stats.documents += 1
-            yield text
-    except SkipV1Error as err:
-        raise _explain_decode_error(spec, err) from err.__cause__
-    except UnicodeDecodeError as err:
-        raise _explain_decode_error(spec, err) from err
-
-
-def _explain_decode_error(spec: DataSpec, err: Exception) -> Exception:
-    """datasets hides which file held undecodable bytes; find it (only after a failure)."""
-    cause, chain = err, []
-    while cause is not None:
-        chain.append(cause)
-        cause = cause.__cause__ or cause.__context__
-    if not any(isinstance(c, UnicodeDecodeError) for c in chain) or spec.kind != "files":
-        return err
-    for name in spec.files:
-        try:
-            Path(name).read_bytes().decode("utf-8")
-        except UnicodeDecodeError as bad:
-            return SkipV1Error(
-                f"data file {name} is not valid UTF-8 (byte {bad.object[bad.start]:#04x} at "
-                f"offset {bad.start}): re-encode it as UTF-8 or remove it from the data"
-            )
-    return err
-
-
-def iter_token_ids(texts: Iterator[str], tokenizer, eos_id: int) -> Iterator[list[int]]:
-    """Token ids of each document followed by EOS, tokenized in chunks."""
-    chunk: list[str] = []
-    for text in texts:
-        chunk.append(text)
-        if len(chunk) == TOKENIZE_CHUNK:
-            yield from _encode(chunk, tokenizer, eos_id)
-            chunk = []
-    if chunk:
-        yield from _encode(chunk, tokenizer, eos_id)
-
-
-def _encode(texts: list[str], tokenizer, eos_id: int) -> Iterator[list[int]]:
-    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-        yield [*ids, eos_id]
-
-
-def pack_blocks(token_lists: Iterator[list[int]], seq_len: int) -> Iterator[np.ndarray]:
-    """Concatenates documents and cuts the stream into blocks of exactly `seq_len` tokens."""
-    buffer: list[int] = []
-    for ids in token_lists:
-        buffer.extend(ids)
-        while len(buffer) >= seq_len:
-            yield np.asarray(buffer[:seq_len], dtype=np.int64)
-            del buffer[:seq_len]
-
-
-def eos_token_id(tokenizer) -> int:
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise SkipV1Error("the model's tokenizer has no EOS token: it is needed between documents")
-    return int(eos)
-
-
 def load_blocks(spec, tokenizer, seq_len: int, what: str, limit: int | None = None) -> np.ndarray:
     """All blocks of a (non-streaming) source as an [n, seq_len] array, or the first `limit`."""
     stats = DataStats()
     spec = resolve_spec(spec, stats)
-    docs = iter_documents(spec, stats, streaming=limit is not None)
-    blocks = []
-    for block in pack_blocks(iter_token_ids(docs, tokenizer, eos_token_id(tokenizer)), seq_len):
-        blocks.append(block)
-        if limit is not None and len(blocks) >= limit:
-            break
+    docs = iter_documents(spec, streaming=limit is not None, stats=stats)
+    blocks = pack_blocks(docs, tokenizer, seq_len, max_blocks=limit)
     stats.warn(what)
-    if not blocks:
+    if not len(blocks):
         raise SkipV1Error(
             f"{what} data {spec.describe()} holds no block of data.seq_len={seq_len} tokens "
             f"({stats.documents} usable documents): add data or lower data.seq_len"
         )
-    return np.stack(blocks)
+    return blocks
 
 
 class InMemoryBatches:

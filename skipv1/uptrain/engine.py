@@ -18,8 +18,6 @@ import torch
 from ..errors import SkipV1Error
 from .recipe import Recipe, gradient_accumulation
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 @dataclass(frozen=True)
 class DistEnv:

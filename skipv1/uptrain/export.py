@@ -1,4 +1,4 @@
-"""Export: a consolidated checkpoint in the DESIGN.md format (save_pretrained, so config with
+"""Export: a consolidated checkpoint in the docs/design.md format (save_pretrained, so config with
 `auto_map` and the modeling code next to the weights), the tokenizer, `skipv1_uptrain.json` and a
 model card. Written through skipv1.atomic_dir: DST is the old export, the new one or absent, never half
 written, and no temporary directory is left behind.
@@ -17,7 +17,13 @@ from pathlib import Path
 
 import torch
 
-from ..atomic_dir import atomic_workspace, remove_stale_workspaces, resolve_path
+from ..atomic_dir import (
+    DISK_SLACK,
+    atomic_workspace,
+    check_room,
+    remove_stale_workspaces,
+    resolve_path,
+)
 from ..convert.writer import write_shards_as_they_fill
 from ..errors import SkipV1Error
 from .checkpointing import COMPLETE, check_plain_pickles, complete_checkpoints, read_state
@@ -129,6 +135,10 @@ def write_export(
         ) from None
     expected = set(model.state_dict())
     tied = {"lm_head.weight"} if config.get_text_config().tie_word_embeddings else set()
+    weight_bytes = sum(
+        t.numel() * t.element_size() for n, t in model.state_dict().items() if n not in tied
+    )
+    check_room(dst, weight_bytes + DISK_SLACK)
     pairs = weights.items() if isinstance(weights, Mapping) else weights
     seen: set[str] = set()
 
@@ -183,6 +193,7 @@ def check_export_destination(dst: Path, run_dir: Path, ckpt: Path, overwrite: bo
         raise SkipV1Error(f"DST {dst} is a file: give a directory path")
     if dst.exists() and not overwrite:
         raise SkipV1Error(f"{dst} already exists: pass --overwrite or choose another destination")
+    check_room(dst, 0)  # writable at all; the bytes are checked once the model is known
 
 
 def model_card(info: dict, recipe_yaml: str) -> str:

@@ -1,4 +1,17 @@
-"""Learning-rate schedule: linear warmup, then cosine decay to `min_lr_ratio` of the peak."""
+"""Learning-rate schedule: linear warmup, then cosine decay to `min_lr_ratio` of the peak.
+
+Ours, not transformers', because none of transformers' (5.24) cosine schedules gives these values
+(tests/test_uptrain_recipe.py compares them step by step; T steps, W warmup, min ratio 0.1):
+- `get_cosine_with_min_lr_schedule_with_warmup(W, T - 1, min_lr_rate)` has the same cosine (to
+  1e-12), but its warmup is step / W: step 0 trains at lr 0 and every warmup step is 1/W lower
+  (0.1 for W = 10), the peak coming one step late. With `num_training_steps=T` the cosine also
+  ends above the minimum (0.10027 instead of 0.1 for T = 100, W = 10).
+- `get_cosine_with_min_lr_schedule_with_warmup_lr_rate(W, T, min_lr_rate)` has our warmup
+  ((step + 1) / W), but its cosine starts one step earlier: step W is already 0.99973 instead of
+  1.0, and the curves differ by up to 0.0091 (step 41 for T = 100, W = 10).
+Resumed runs also depend on the formula staying put: a LambdaLR checkpoint saves the step, not
+the lambda, so a changed formula would move the learning rate of a run resumed mid-way.
+"""
 
 import math
 

@@ -1,5 +1,5 @@
-"""The token store: a recipe's training text tokenized once, packed (EOS after every document,
-the concatenation cut into `seq_len` blocks, as `data.pack_blocks` does) and written as one
+"""The token store: a recipe's training text tokenized once, packed (packing.py: EOS after
+every document, the concatenation cut into `seq_len` blocks) and written as one
 memory-mapped token file, so that no rank tokenizes at start and resuming costs nothing.
 
 A store is a directory `CACHE/<data>-<hash>/` holding `tokens.bin` (uint16 when the vocabulary
@@ -16,23 +16,24 @@ corpora larger than the budget) in its seeded stream order, up to the blocks the
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic_dir import DestinationAppeared, atomic_workspace, remove_stale_workspaces
 from ..errors import SkipV1Error
-from ..textdata import DataSpec, open_dataset
-from .data import (
+from ..packing import document_ids, encode_documents, eos_token_id, take_tokens
+from ..textdata import (
+    DataSpec,
     DataStats,
-    _explain_decode_error,
-    eos_token_id,
+    is_document,
     iter_documents,
-    iter_token_ids,
-    resolve_spec,
+    open_text_dataset,
+    undecodable_file_named,
 )
+from .data import resolve_spec
 
 STORE_VERSION = 1
 META = "meta.json"
@@ -133,82 +134,63 @@ def build_store(
     """Tokenizes and writes a store at `dest` (atomically); returns its metadata."""
     dest = Path(dest)
     log(f"building the token store {dest} (once; other ranks wait) ...")
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     stats = DataStats()
     dtype = token_dtype(tokenizer)
     started = time.perf_counter()
+    remove_stale_workspaces(dest)
     try:
-        with (tmp / TOKENS).open("wb") as out:
-            if shuffle is None:
-                chunks = _parallel_token_chunks(spec, tokenizer, num_proc, stats)
-            else:
-                chunks = _stream_token_chunks(spec, tokenizer, shuffle, stats)
-            tokens = _write_tokens(chunks, out, dtype, max_blocks, seq_len)
-        blocks = tokens // seq_len
-        if blocks == 0:
-            raise SkipV1Error(
-                f"train data {spec.describe()} holds no block of data.seq_len={seq_len} tokens "
-                f"({stats.documents} usable documents): add data or lower data.seq_len"
-            )
-        stats.warn("train")
-        meta = {
-            **identity,
-            "dtype": dtype.name,
-            "tokens": tokens,
-            "blocks": blocks,
-            "documents": stats.documents,
-            "skipped_records": stats.skipped_records,
-            "skipped_files": stats.skipped_files,
-            "seconds": round(time.perf_counter() - started, 2),
-        }
-        (tmp / META).write_text(json.dumps(meta, indent=1))
-        _publish(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with atomic_workspace(dest, overwrite=False) as work:
+            tmp = work / "out"
+            with (tmp / TOKENS).open("wb") as out:
+                if shuffle is None:
+                    chunks = _parallel_token_chunks(spec, tokenizer, num_proc, stats)
+                else:
+                    chunks = _stream_token_chunks(spec, tokenizer, shuffle, stats)
+                tokens = _write_tokens(chunks, out, dtype, max_blocks, seq_len)
+            blocks = tokens // seq_len
+            if blocks == 0:
+                raise SkipV1Error(
+                    f"train data {spec.describe()} holds no block of data.seq_len={seq_len} "
+                    f"tokens ({stats.documents} usable documents): add data or lower "
+                    "data.seq_len"
+                )
+            stats.warn("train")
+            meta = {
+                **identity,
+                "dtype": dtype.name,
+                "tokens": tokens,
+                "blocks": blocks,
+                "documents": stats.documents,
+                "skipped_records": stats.skipped_records,
+                "skipped_files": stats.skipped_files,
+                "seconds": round(time.perf_counter() - started, 2),
+            }
+            (tmp / META).write_text(json.dumps(meta, indent=1))
+    except DestinationAppeared:
+        if not (dest / META).is_file():
+            raise
+        # another builder got there first: its store holds the same data, use it
+        meta = json.loads((dest / META).read_text())
     log(
-        f"token store {dest}: {blocks:,} blocks of {seq_len} ({tokens:,} tokens, "
-        f"{stats.documents:,} documents) in {meta['seconds']:.1f} s"
+        f"token store {dest}: {meta['blocks']:,} blocks of {seq_len} ({meta['tokens']:,} tokens, "
+        f"{meta['documents']:,} documents) in {meta['seconds']:.1f} s"
     )
     return meta
 
 
-def _publish(tmp: Path, dest: Path) -> None:
-    """Renames the finished store into place; another builder that got there first wins."""
-    try:
-        tmp.rename(dest)
-    except OSError:
-        if not (dest / META).is_file():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _write_tokens(chunks, out, dtype, max_blocks: int | None, seq_len: int) -> int:
     """Writes token chunks until `max_blocks` blocks are complete; returns the tokens kept."""
-    limit = None if max_blocks is None else max_blocks * seq_len
     written = 0
-    for chunk in chunks:
-        if limit is not None:
-            chunk = chunk[: limit - written]
+    for chunk in take_tokens(chunks, None if max_blocks is None else max_blocks * seq_len):
         out.write(np.asarray(chunk, dtype=dtype).tobytes())
         written += len(chunk)
-        if limit is not None and written >= limit:
-            break
     return written
 
 
 def _parallel_token_chunks(spec: DataSpec, tokenizer, num_proc: int, stats: DataStats):
     """Token ids (EOS after each document) in file order, tokenized by datasets' `map`."""
-    field_name = "text" if spec.kind == "embedded" else spec.text_field
-    try:
-        ds = open_dataset(spec)
-        if field_name not in ds.column_names:
-            raise SkipV1Error(
-                f"data {spec.describe()} has no text field {field_name!r}: set `text_field` to "
-                f"one of {sorted(ds.column_names)}"
-            )
+    with undecodable_file_named(spec):
+        ds, field_name = open_text_dataset(spec)
         ds = ds.map(
             _tokenize_batch,
             batched=True,
@@ -218,10 +200,6 @@ def _parallel_token_chunks(spec: DataSpec, tokenizer, num_proc: int, stats: Data
             load_from_cache_file=False,  # the store is the cache
             desc="tokenizing",
         )
-    except SkipV1Error as err:
-        raise _explain_decode_error(spec, err) from err.__cause__
-    except UnicodeDecodeError as err:
-        raise _explain_decode_error(spec, err) from err
     for batch in ds.iter(batch_size=WRITE_BATCH):
         for ids, ok in zip(batch["ids"], batch["ok"], strict=True):
             if ok:
@@ -233,18 +211,19 @@ def _parallel_token_chunks(spec: DataSpec, tokenizer, num_proc: int, stats: Data
 
 
 def _tokenize_batch(batch: dict, tokenizer, field: str, eos: int) -> dict:
+    """The records' documents packed by `encode_documents`; a record without usable text gets
+    no ids and ok=False (counted as skipped, as `iter_documents` does)."""
     texts = batch[field]
-    ok = [isinstance(t, str) and bool(t.strip()) for t in texts]
-    encoded = tokenizer(
-        [t for t, good in zip(texts, ok, strict=True) if good], add_special_tokens=False
+    ok = [is_document(t) for t in texts]
+    encoded = iter(
+        encode_documents([t for t, good in zip(texts, ok, strict=True) if good], tokenizer, eos)
     )
-    it = iter(encoded["input_ids"])
-    return {"ids": [[*next(it), eos] if good else [] for good in ok], "ok": ok}
+    return {"ids": [next(encoded) if good else [] for good in ok], "ok": ok}
 
 
 def _stream_token_chunks(spec: DataSpec, tokenizer, shuffle: tuple[int, int], stats: DataStats):
-    docs = iter_documents(spec, stats, streaming=True, shuffle=shuffle)
-    return iter_token_ids(docs, tokenizer, eos_token_id(tokenizer))
+    docs = iter_documents(spec, streaming=True, stats=stats, shuffle=shuffle)
+    return document_ids(docs, tokenizer)
 
 
 # --- for a run ------------------------------------------------------------------------------

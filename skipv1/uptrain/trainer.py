@@ -16,13 +16,14 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoint_info import check_supported, is_skipv1, read_config
+from ..convert.inits import get_init
 from ..errors import SkipV1Error
 from ..modeling.layout import count_parameters
+from ..units import torch_dtype
 from . import checkpointing
 from .data import load_blocks, make_train_batches, rank_micro_batches
 from .distill import distillation_loss
 from .engine import (
-    DTYPES,
     deepspeed_config,
     dist_env,
     init_distributed,
@@ -109,18 +110,7 @@ class UptrainRecipe:
         if self.env.is_main and not (target / "config.json").is_file():
             from ..convert.api import convert_checkpoint
 
-            convert_checkpoint(
-                m.source,
-                target,
-                skip_heads=m.skip_heads,
-                init=m.init,
-                trust_remote_code=m.trust_remote_code,
-                calib_data=m.calib_data,
-                calib_tokens=m.calib_tokens,
-                calib_seq_len=m.calib_seq_len,
-                calib_distill_steps=m.calib_distill_steps,
-                quiet=True,
-            )
+            convert_checkpoint(m.source, target, m.convert_options(), quiet=True)
         _barrier()
         return target
 
@@ -175,7 +165,7 @@ class UptrainRecipe:
             keep_alive = HfDeepSpeedConfig(self.ds_config)
         model = AutoModelForCausalLM.from_pretrained(
             self.model_dir,
-            dtype=DTYPES[self.recipe.model.dtype],
+            dtype=torch_dtype(self.recipe.model.dtype),
             trust_remote_code=self.recipe.model.trust_remote_code,
         )
         # transformers holds it by weak reference: dropping it stops later from_config calls
@@ -198,7 +188,7 @@ class UptrainRecipe:
             raise SkipV1Error("`model.gradual_fraction` needs a SkipV1 model to train")
         provenance = self.model_dir / "skipv1_conversion.json"
         init = json.loads(provenance.read_text()).get("init") if provenance.is_file() else None
-        if init not in (None, "keep"):
+        if init is not None and not get_init(init).keeps_source_heads:
             raise SkipV1Error(
                 f"`model.gradual_fraction` starts from the source's function only from a `--init "
                 f"keep` conversion; {self.model_dir} was converted with --init {init}"
@@ -223,7 +213,7 @@ class UptrainRecipe:
             )
         teacher = AutoModelForCausalLM.from_pretrained(
             self.teacher_dir,
-            dtype=DTYPES[self.recipe.model.dtype],
+            dtype=torch_dtype(self.recipe.model.dtype),
             trust_remote_code=self.recipe.model.trust_remote_code,
         )
         teacher.config.use_cache = False

@@ -1,10 +1,11 @@
 """MHA/GQA -> GQA with fewer KV heads by mean-pooling K and V heads (Ainslie et al., 2023).
 
-Used as the outside anchor in bench/recovery.py. Adjacent KV heads are averaged in groups
-(heads 0..g-1 -> new head 0, ...), which keeps the query heads that read them in place: with
-grouped-query attention query head q reads KV head q // (heads / n_kv), so pooling adjacent KV
-heads keeps every query head reading the pooled version of the head it read before. The result is
-an ordinary Llama-family checkpoint with `num_key_value_heads` lowered.
+Used only as the outside anchor in bench/recovery.py, so it lives next to it, not in the package.
+Adjacent KV heads are averaged in groups (heads 0..g-1 -> new head 0, ...), which keeps the query
+heads that read them in place: with grouped-query attention query head q reads KV head
+q // (heads / n_kv), so pooling adjacent KV heads keeps every query head reading the pooled
+version of the head it read before. The result is an ordinary Llama-family checkpoint with
+`num_key_value_heads` lowered.
 """
 
 import re
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import SkipV1Error
+from skipv1.errors import SkipV1Error
 
 KV_TENSOR = re.compile(r"\.self_attn\.(k_proj|v_proj)\.(weight|bias)$")
 

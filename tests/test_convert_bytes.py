@@ -1,0 +1,101 @@
+"""`convert` copies the tensors it leaves unchanged byte for byte from the source files: the
+copied bytes are the source's, the shards are exactly what safetensors.save_file would write,
+the kernel copy and its fallbacks move the same bytes, and the output loads and computes as
+before."""
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from test_convert import hand_built_skipv1, logits
+from transformers import AutoModelForCausalLM
+
+from skipv1.convert import writer
+from skipv1.convert.reader import FileRange
+
+
+def raw_tensors(path: Path) -> dict[str, bytes]:
+    """Each tensor's bytes, read from the safetensors header by hand (no skipv1, no torch)."""
+    out = {}
+    for file in sorted(path.glob("*.safetensors")):
+        data = file.read_bytes()
+        (length,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + length])
+        header.pop("__metadata__", None)
+        for name, entry in header.items():
+            begin, end = entry["data_offsets"]
+            out[name] = data[8 + length + begin : 8 + length + end]
+    return out
+
+
+def rewritten(dst: Path) -> set[str]:
+    record = json.loads((dst / "skipv1_conversion.json").read_text())
+    return {t["name"] for t in record["tensors_changed"]}
+
+
+@pytest.mark.parametrize("init", ["keep", "mean"])
+def test_unchanged_tensors_are_the_source_bytes_and_shards_are_what_save_file_writes(
+    checkpoint, tmp_path, init, converted
+):
+    src = checkpoint(shards=3, num_key_value_heads=2)
+    dst = converted(src, tmp_path / "dst", "--init", init, "--shard-size", "40KB")
+    before, after = raw_tensors(src), raw_tensors(dst)
+    changed = rewritten(dst)
+    assert changed and set(after) == set(before)
+    for name in set(before) - changed:
+        assert after[name] == before[name], name
+    shards = sorted(dst.glob("*.safetensors"))
+    assert len(shards) > 3
+    for shard in shards:
+        with safe_open(shard, "pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        save_file(tensors, tmp_path / "reference.safetensors", metadata={"format": "pt"})
+        assert shard.read_bytes() == (tmp_path / "reference.safetensors").read_bytes(), shard
+    model = AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True).eval()
+    if init == "keep":
+        torch.testing.assert_close(logits(model), logits(hand_built_skipv1(src, 1)), rtol=0, atol=0)
+    else:
+        assert torch.isfinite(logits(model)).all()
+
+
+def test_a_shard_of_mixed_dtypes_is_byte_identical_to_save_file(tmp_path):
+    tensors = {
+        "b": torch.randn(3, 5).bfloat16(),
+        "a": torch.randn(7, dtype=torch.float64),
+        "c": torch.randn(2, 2).half(),
+        "d": torch.randn(4, 1),
+        "e": torch.zeros(0, 3),
+    }
+    save_file(tensors, tmp_path / "reference.safetensors", metadata={"format": "pt"})
+    specs = {n: writer.TensorSpec(t.dtype, tuple(t.shape)) for n, t in tensors.items()}
+    (tmp_path / "out").mkdir()
+    written = writer.write_shards(tmp_path / "out", [list(tensors)], specs, tensors.items())
+    assert written["total_size"] == sum(t.numel() * t.element_size() for t in tensors.values())
+    reference = (tmp_path / "reference.safetensors").read_bytes()
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == reference
+
+
+@pytest.mark.parametrize("step", ["_copy_file_range", "_sendfile", "_buffered"])
+def test_each_copy_method_moves_the_same_bytes_to_the_same_place(tmp_path, step):
+    source = tmp_path / "source"
+    source.write_bytes(os.urandom(3 * writer.BUFFER_BYTES // 2 + 7))
+    target = tmp_path / "target"
+    target.write_bytes(b"\0" * 64)
+    begin, count, at = 123, writer.BUFFER_BYTES + 99, 64
+    with open(source, "rb") as src, open(target, "r+b") as dst:
+        done = getattr(writer, step)(src.fileno(), dst.fileno(), begin, at, count, 0)
+    assert done == count
+    assert target.read_bytes() == b"\0" * 64 + source.read_bytes()[begin : begin + count]
+
+
+def test_a_source_that_shrank_is_an_error_not_a_short_tensor(tmp_path):
+    source = tmp_path / "source"
+    source.write_bytes(b"x" * 100)
+    with open(tmp_path / "target", "wb") as dst:
+        with pytest.raises(RuntimeError, match="ended before byte 150"):
+            writer.copy_range(FileRange(source, 50, 100), dst.fileno(), 0)
