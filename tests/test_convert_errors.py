@@ -4,7 +4,6 @@ and nothing written (no DST, no temporary directory)."""
 import json
 import os
 import pickle
-import shutil
 from pathlib import Path
 
 import pytest
@@ -190,9 +189,17 @@ def test_overwrite_of_a_destination_holding_the_source(checkpoint, tmp_path, cli
 
 def test_not_enough_free_disk(checkpoint, tmp_path, monkeypatch, assert_refused):
     src = checkpoint()
-    real = shutil.disk_usage
-    # The filesystem's own numbers, with only 1 MB free: the machine cannot be filled for a test.
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=10**6))
+    real = os.statvfs
+
+    def one_megabyte_free(path):
+        stat = real(path)
+        fields = list(stat)
+        fields[4] = 10**6 // stat.f_frsize  # f_bavail
+        return os.statvfs_result(fields)
+
+    # The filesystem's own numbers, with only 1 MB free: the machine cannot be filled for a test
+    # (tests/test_filesystems.py fills a real tmpfs where this user may mount one).
+    monkeypatch.setattr(os, "statvfs", one_megabyte_free)
     assert_refused(src, tmp_path / "dst", match="not enough free disk")
 
 
