@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 # PIP_INDEX_URL pointing at the CUDA wheel index of your choice (see README).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo clean
+.PHONY: install test test-fast lint demo clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +21,11 @@ $(VENV)/.installed: pyproject.toml
 
 test: install
 	$(PY) -m pytest -q
+
+# The unit tests: no SmolLM2, no DeepSpeed/torchrun, nothing slow; under a minute on 2 busy cores.
+# One thread each: on a shared machine OpenMP's spinning makes these tiny models much slower.
+test-fast: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not smollm2 and not distributed"
 
 lint: install
 	$(VENV)/bin/ruff check skipv1 tests bench

@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -9,7 +11,53 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # token stores of this session's runs go to a scratch cache, not ~/.cache
 os.environ.setdefault("SKIPV1_CACHE_DIR", tempfile.mkdtemp(prefix="skipv1-token-store-"))
 
-from factories import build_tokenizer, make_checkpoint  # noqa: E402
+from factories import SKIPV1, build_tokenizer, make_checkpoint  # noqa: E402
+
+
+class Cli:
+    """`skipv1 ARGS` two ways: `cli(*args)` in this process (typer's CliRunner; returns its
+    Result), `cli.process(*args)` in a child process where a test needs a real one (exit status,
+    signals, ranks; returns the CompletedProcess, text captured): the console script, or with
+    `as_module=True` `python -m skipv1`. Arguments may be paths or numbers."""
+
+    def __init__(self) -> None:
+        from typer.testing import CliRunner
+
+        from skipv1.cli import app
+
+        self.app, self.runner = app, CliRunner()
+
+    def __call__(self, *args):
+        return self.runner.invoke(self.app, [str(a) for a in args])
+
+    def process(
+        self, *args, timeout: float | None = None, as_module: bool = False, **kwargs
+    ) -> subprocess.CompletedProcess:
+        exe = [sys.executable, "-m", "skipv1"] if as_module else [SKIPV1]
+        cmd = [*exe, *map(str, args)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def cli() -> Cli:
+    return Cli()
+
+
+@pytest.fixture
+def converted(cli):
+    """converted(SRC, DST, *ARGS): `skipv1 convert SRC DST ARGS --quiet`, which must succeed;
+    returns DST. `--init mean` unless ARGS name an init: the convert tests pin the streaming
+    mechanics on `mean`, whose output is known exactly; the default init (reconstruct) has its
+    own tests in test_reconstruct.py."""
+
+    def _convert(src: Path, dst: Path, *args) -> Path:
+        if "--init" not in args:
+            args = (*args, "--init", "mean")
+        result = cli("convert", src, dst, *args, "--quiet")
+        assert result.exit_code == 0, result.output
+        return dst
+
+    return _convert
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,10 @@
-"""Small real checkpoints for the tests: random Llama / Mistral / Qwen2 / Qwen3 models saved by
-transformers, a tiny byte-level BPE tokenizer, and the real SmolLM2-135M-Instruct."""
+"""Small real models and checkpoints for the tests: random Llama / Mistral / Qwen2 / Qwen3 models
+saved by transformers, random SkipV1 models, a tiny byte-level BPE tokenizer, a tiny corpus, and
+the path of the `skipv1` console script for tests that run it in a child process."""
 
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -24,6 +27,11 @@ ARCHS = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
 }
 EOS = "<|endoftext|>"
+# The console script of this environment, for tests that need a real child process (exit codes,
+# signals, ranks); tests that only read the CLI's output use the `cli` fixture (conftest.py).
+SKIPV1 = str(Path(sys.executable).parent / "skipv1")
+# Fields a saved config carries that are not arguments of another config class.
+NOT_FIELDS = ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype")
 
 
 def build_tokenizer(path: Path, vocab_size: int = 320) -> Path:
@@ -68,6 +76,83 @@ def tiny_config(arch: str = "llama", **overrides):
         fields["head_dim"] = 16  # Qwen3Config's default is 128
     fields.update(overrides)
     return config_cls(**fields)
+
+
+def skipv1_config_of(config, skip_v_heads: int):
+    """The SkipV1 config with every field of `config` (a config object or its dict)."""
+    from skipv1 import SkipV1LlamaConfig
+
+    fields = config if isinstance(config, dict) else config.to_dict()
+    fields = {k: v for k, v in fields.items() if k not in NOT_FIELDS}
+    return SkipV1LlamaConfig(**fields, skip_v_heads=skip_v_heads)
+
+
+def llama_config_of(skip_config) -> LlamaConfig:
+    """The stock Llama config with every field of a SkipV1 config but the SkipV1 ones."""
+    drop = ("skip_v_heads", "o_proj_bias", "model_type")
+    return LlamaConfig(**{k: v for k, v in skip_config.to_dict().items() if k not in drop})
+
+
+# (attention heads, KV heads) of the model tests' shapes: multi-head, grouped, an odd head count
+SHAPES = {"mha": (8, 8), "gqa": (8, 4), "odd": (9, 3)}
+
+
+def small_skipv1_config(heads=8, kv=4, s=2, layers=3, head_dim=8, **extra):
+    """A SkipV1 config of the model tests' shape (vocab 97); `extra` are further fields."""
+    from skipv1 import SkipV1LlamaConfig
+
+    return SkipV1LlamaConfig(
+        hidden_size=heads * head_dim,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        num_hidden_layers=layers,
+        intermediate_size=96,
+        vocab_size=97,
+        max_position_embeddings=128,
+        skip_v_heads=s,
+        **extra,
+    )
+
+
+def random_skipv1(config, seed: int = 0, attn: str = "sdpa"):
+    """A SkipV1 model in eval mode with seeded random weights and non-zero biases (so that bias
+    handling is exercised)."""
+    from skipv1 import SkipV1LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config._attn_implementation = attn
+    model = SkipV1LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    return model
+
+
+def token_ids(batch: int = 2, length: int = 16, seed: int = 1, vocab: int = 97) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def make_skipv1_checkpoint(
+    path: Path,
+    skip_v_heads: int = 2,
+    config=None,
+    tokenizer_dir: Path | None = None,
+    seed: int = 0,
+):
+    """Saves a random SkipV1 model with the fields of `config` (default: tiny_config()) and
+    returns the model; `tokenizer_dir`'s files are copied next to it."""
+    from skipv1 import SkipV1LlamaForCausalLM
+
+    skip_config = skipv1_config_of(tiny_config() if config is None else config, skip_v_heads)
+    torch.manual_seed(seed)
+    model = SkipV1LlamaForCausalLM(skip_config)
+    model.save_pretrained(path)
+    if tokenizer_dir is not None:
+        for file in Path(tokenizer_dir).iterdir():
+            shutil.copy(file, Path(path) / file.name)
+    return model
 
 
 def make_checkpoint(

@@ -1,9 +1,11 @@
 """Calibrated conversion: head choice + least-squares refit of the borrowed heads' o_proj."""
 
+import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from factories import llama_config_of, skipv1_config_of, small_skipv1_config
+from transformers import LlamaForCausalLM
 
-from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
+from skipv1 import SkipV1LlamaForCausalLM
 from skipv1.convert import calibrate as calibrate_module
 from skipv1.convert.calibrate import Calibration, LayerFit, calibrate
 from skipv1.convert.inits.mean import init_mean
@@ -12,27 +14,16 @@ HEADS, KV, D, LAYERS = 8, 4, 8, 3
 
 
 def source_model(seed=0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        hidden_size=HEADS * D,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV,
-        head_dim=D,
-        num_hidden_layers=LAYERS,
-        intermediate_size=96,
-        vocab_size=97,
-        max_position_embeddings=128,
+    """A stock Llama of the SkipV1 model tests' shape (HEADS heads of D, KV KV heads)."""
+    config = llama_config_of(
+        small_skipv1_config(heads=HEADS, kv=KV, s=0, layers=LAYERS, head_dim=D)
     )
+    torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 
 
-def skip_config(source, s) -> SkipV1LlamaConfig:
-    fields = {k: v for k, v in source.config.to_dict().items() if k != "model_type"}
-    return SkipV1LlamaConfig(**fields, skip_v_heads=s)
-
-
 def converted(source, s, transform) -> SkipV1LlamaForCausalLM:
-    model = SkipV1LlamaForCausalLM(skip_config(source, s)).eval()
+    model = SkipV1LlamaForCausalLM(skipv1_config_of(source.config, s)).eval()
     model.load_state_dict({k: transform(k, v) for k, v in source.state_dict().items()})
     return model
 
@@ -45,7 +36,7 @@ def run_calibration(source, s, n=16, fit=calibrate):
     """`fit` is any calibrated init's layer-by-layer pass (same signature)."""
     state = source.state_dict()
     return fit(
-        skip_config(source, 0),
+        skipv1_config_of(source.config, 0),
         lambda names: {k: state[k] for k in names},
         tokens(n, seed=1),
         skip_heads=s,
@@ -67,6 +58,7 @@ def logit_error(model, source, ids):
         return (model(ids).logits - source(ids).logits).pow(2).mean().item()
 
 
+@pytest.mark.slow
 def test_calibrated_beats_mean_on_held_out_inputs():
     source = source_model()
     for s in (1, 2, 3):

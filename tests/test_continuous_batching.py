@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from factories import build_tokenizer, make_checkpoint, tiny_config
-from test_model import SHAPES, random_model, skip_config
+from factories import (
+    SHAPES,
+    build_tokenizer,
+    make_checkpoint,
+    random_skipv1,
+    small_skipv1_config,
+    tiny_config,
+)
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching import PagedAttentionCache
@@ -49,16 +55,18 @@ def batch_generate(model) -> list[list[int]]:
     return [r.generated_tokens for r in by_index]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_generate_batch_gives_the_generate_tokens(shape, attn):
     heads, kv = SHAPES[shape]
-    model = random_model(skip_config(heads=heads, kv=kv, s=kv // 2 or 1), attn=attn)
+    model = random_skipv1(small_skipv1_config(heads=heads, kv=kv, s=kv // 2 or 1), attn=attn)
     assert batch_generate(model) == [greedy(model, p) for p in PROMPTS]
 
 
+@pytest.mark.slow
 def test_generate_with_cache_implementation_paged_gives_the_dynamic_cache_tokens():
-    model = random_model(skip_config(heads=9, kv=3, s=1))
+    model = random_skipv1(small_skipv1_config(heads=9, kv=3, s=1))
     prompt = torch.tensor([PROMPTS[2]])
     ref = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
     paged = model.generate(
@@ -82,7 +90,7 @@ def paged_cache(config, num_blocks: int, page_size: int = 16) -> PagedAttentionC
 
 @pytest.mark.parametrize("heads,kv,s", [(8, 8, 4), (9, 3, 1), (8, 4, 2)])
 def test_paged_blocks_hold_exactly_the_skipv1_kv_bytes(heads, kv, s):
-    config = skip_config(heads=heads, kv=kv, s=s, layers=4)
+    config = small_skipv1_config(heads=heads, kv=kv, s=s, layers=4)
     cache = paged_cache(config, num_blocks=64)
     (allocator,) = cache.cache_allocators.values()
     assert isinstance(allocator, SkipV1CacheAllocator)
@@ -100,7 +108,7 @@ def test_stock_models_keep_the_stock_allocator():
 
 
 @pytest.fixture(scope="module")
-def converted_chat_model(tmp_path_factory) -> Path:
+def converted_chat_model(tmp_path_factory, cli) -> Path:
     """A converted checkpoint with a tokenizer and a chat template, made by `skipv1 convert`."""
     root = tmp_path_factory.mktemp("cb")
     src = make_checkpoint(
@@ -110,8 +118,8 @@ def converted_chat_model(tmp_path_factory) -> Path:
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
     )
     dst = root / "skip"
-    cmd = [sys.executable, "-m", "skipv1", "convert", str(src), str(dst), "--init", "mean"]
-    subprocess.run([*cmd, "--quiet"], check=True, capture_output=True)
+    result = cli.process("convert", src, dst, "--init", "mean", "--quiet", as_module=True)
+    assert result.returncode == 0, result.stderr[-3000:]
     return dst
 
 
@@ -132,6 +140,7 @@ print(json.dumps({"ref": ref, "got": got}))
 """
 
 
+@pytest.mark.slow
 def test_generate_batch_works_through_trust_remote_code(converted_chat_model, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
     run = subprocess.run(
@@ -175,6 +184,7 @@ def wait_until_healthy(base: str, server: subprocess.Popen, deadline: float) -> 
     raise AssertionError("server did not become healthy in time")
 
 
+@pytest.mark.slow
 def test_transformers_serve_answers_a_chat_completion_with_continuous_batching(
     converted_chat_model, tmp_path
 ):

@@ -9,26 +9,8 @@ import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
-from typer.testing import CliRunner
 
 from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
-from skipv1.cli import app
-
-runner = CliRunner()
-
-
-def run_convert(*args) -> "object":
-    return runner.invoke(app, ["convert", *map(str, args), "--quiet"])
-
-
-def converted(src: Path, dst: Path, *args) -> Path:
-    """These tests pin the streaming mechanics on `mean`, whose output is known exactly; the
-    default init (reconstruct) has its own tests in test_reconstruct.py."""
-    if "--init" not in args:
-        args = (*args, "--init", "mean")
-    result = run_convert(src, dst, *args)
-    assert result.exit_code == 0, result.output
-    return dst
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -115,7 +97,7 @@ GROUPS = {4: [(0, 1), (2, 3)], 3: [(0, 1), (2,)], 2: [(0, 1)]}  # default s = n_
 
 @pytest.mark.parametrize("init", ["mean", "keep"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_converted_tensors_follow_init_and_model_loads(checkpoint, tmp_path, case, init):
+def test_converted_tensors_follow_init_and_model_loads(checkpoint, tmp_path, case, init, converted):
     kwargs = dict(CASES[case])
     src = checkpoint(**kwargs)
     dst = converted(src, tmp_path / "dst", "--init", init)
@@ -142,7 +124,7 @@ def test_converted_tensors_follow_init_and_model_loads(checkpoint, tmp_path, cas
 @pytest.mark.parametrize(
     "case", ["llama-mha-untied-single", "qwen2-bias-tied", "llama-bin-sharded"]
 )
-def test_zero_skip_heads_reproduces_the_source_exactly(checkpoint, tmp_path, case):
+def test_zero_skip_heads_reproduces_the_source_exactly(checkpoint, tmp_path, case, converted):
     src = checkpoint(**CASES[case])
     dst = converted(src, tmp_path / "dst", "--skip-heads", "0")
     model = AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True).eval()
@@ -150,7 +132,7 @@ def test_zero_skip_heads_reproduces_the_source_exactly(checkpoint, tmp_path, cas
     torch.testing.assert_close(logits(model), logits(source), rtol=0, atol=0)
 
 
-def test_output_has_config_tokenizer_code_provenance_and_card(checkpoint, tmp_path):
+def test_output_has_config_tokenizer_code_provenance_and_card(checkpoint, tmp_path, converted):
     src = checkpoint(num_key_value_heads=2)
     dst = converted(src, tmp_path / "dst")
     config = json.loads((dst / "config.json").read_text())
@@ -190,7 +172,7 @@ def test_output_has_config_tokenizer_code_provenance_and_card(checkpoint, tmp_pa
     assert not list(tmp_path.glob(".dst.skipv1-tmp-*"))
 
 
-def test_tokenizer_of_the_output_encodes_like_the_source(checkpoint, tmp_path):
+def test_tokenizer_of_the_output_encodes_like_the_source(checkpoint, tmp_path, converted):
     from transformers import AutoTokenizer
 
     src = checkpoint()
@@ -202,7 +184,9 @@ def test_tokenizer_of_the_output_encodes_like_the_source(checkpoint, tmp_path):
     )
 
 
-def test_small_shard_size_writes_shards_and_an_index_with_exact_total_size(checkpoint, tmp_path):
+def test_small_shard_size_writes_shards_and_an_index_with_exact_total_size(
+    checkpoint, tmp_path, converted
+):
     src = checkpoint(shards=2)
     dst = converted(src, tmp_path / "dst", "--shard-size", "100KB")
     index = json.loads((dst / "model.safetensors.index.json").read_text())
@@ -220,7 +204,7 @@ def test_small_shard_size_writes_shards_and_an_index_with_exact_total_size(check
     AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True)
 
 
-def test_dtype_option_casts_every_tensor_and_the_config(checkpoint, tmp_path):
+def test_dtype_option_casts_every_tensor_and_the_config(checkpoint, tmp_path, converted):
     src = checkpoint()
     dst = converted(src, tmp_path / "dst", "--dtype", "bfloat16", "--init", "keep")
     tensors = load_tensors(dst)
@@ -232,10 +216,10 @@ def test_dtype_option_casts_every_tensor_and_the_config(checkpoint, tmp_path):
     assert model.dtype == torch.bfloat16
 
 
-def test_dry_run_prints_the_plan_and_writes_nothing(checkpoint, tmp_path):
+def test_dry_run_prints_the_plan_and_writes_nothing(checkpoint, tmp_path, cli):
     src = checkpoint(num_key_value_heads=2)
     dst = tmp_path / "out" / "dst"
-    result = runner.invoke(app, ["convert", str(src), str(dst), "--dry-run", "--json"])
+    result = cli("convert", src, dst, "--dry-run", "--json")
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert plan["dry_run"] is True and plan["skip_heads"] == 1
@@ -244,7 +228,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(checkpoint, tmp_path):
     assert plan["tensors"] == {"total": 30, "copied": 20, "rewritten": 10, "dropped": []}
     assert plan["init"] == "reconstruct"
     assert not (tmp_path / "out").exists()
-    human = runner.invoke(app, ["convert", str(src), str(dst), "--dry-run"])
+    human = cli("convert", src, dst, "--dry-run")
     assert (
         human.exit_code == 0
         and "nothing written" in human.stdout
@@ -252,7 +236,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(checkpoint, tmp_path):
     )
 
 
-def test_overwrite_replaces_an_existing_destination(checkpoint, tmp_path):
+def test_overwrite_replaces_an_existing_destination(checkpoint, tmp_path, converted):
     src = checkpoint()
     dst = tmp_path / "dst"
     dst.mkdir()
@@ -270,10 +254,10 @@ def test_overwrite_replaces_an_existing_destination(checkpoint, tmp_path):
     ],
 )
 def test_active_sliding_window_clamps_context_warns_and_records(
-    checkpoint, tmp_path, arch, overrides
+    checkpoint, tmp_path, arch, overrides, cli
 ):
     src = checkpoint(arch=arch, num_key_value_heads=2, **overrides)
-    result = run_convert(src, tmp_path / "dst", "--init", "keep")
+    result = cli("convert", src, tmp_path / "dst", "--init", "keep", "--quiet")
     assert result.exit_code == 0, result.output
     assert "warning" in result.stderr and "max_position_embeddings" in result.stderr
     config = json.loads((tmp_path / "dst" / "config.json").read_text())
@@ -288,7 +272,7 @@ def test_active_sliding_window_clamps_context_warns_and_records(
     torch.testing.assert_close(logits(model), logits(hand_built_skipv1(src, 1)), rtol=0, atol=0)
 
 
-def test_source_with_custom_code_converts_with_trust_remote_code(checkpoint, tmp_path):
+def test_source_with_custom_code_converts_with_trust_remote_code(checkpoint, tmp_path, converted):
     src = checkpoint()
     config = json.loads((src / "config.json").read_text())
     config["auto_map"] = {"AutoModelForCausalLM": "custom.MyLlama"}

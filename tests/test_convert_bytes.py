@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from test_convert import converted, hand_built_skipv1, logits
+from test_convert import hand_built_skipv1, logits
 from transformers import AutoModelForCausalLM
 
 from skipv1.convert import writer
@@ -40,7 +40,7 @@ def rewritten(dst: Path) -> set[str]:
 
 @pytest.mark.parametrize("init", ["keep", "mean"])
 def test_unchanged_tensors_are_the_source_bytes_and_shards_are_what_save_file_writes(
-    checkpoint, tmp_path, init
+    checkpoint, tmp_path, init, converted
 ):
     src = checkpoint(shards=3, num_key_value_heads=2)
     dst = converted(src, tmp_path / "dst", "--init", init, "--shard-size", "40KB")

@@ -8,19 +8,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
-from typer.testing import CliRunner
 
-from skipv1.cli import app
-
-runner = CliRunner()
 CALIB = ["--calib-data", "embedded:train", "--calib-tokens", "2048", "--calib-seq-len", "64"]
 KV, HEADS, D = 4, 8, 8
 
 
-def convert(src, dst, *args):
-    result = runner.invoke(app, ["convert", str(src), str(dst), "--quiet", *map(str, args)])
-    assert result.exit_code == 0, result.output
-    return dst
+@pytest.fixture
+def convert(cli):
+    """`skipv1 convert SRC DST --quiet ARGS`, which must succeed; returns DST."""
+
+    def _convert(src, dst, *args):
+        result = cli("convert", src, dst, "--quiet", *args)
+        assert result.exit_code == 0, result.output
+        return dst
+
+    return _convert
 
 
 def heads(t, order, d=D, dim=0):
@@ -38,7 +40,8 @@ def source(checkpoint):
     )
 
 
-def test_calibrated_output_follows_the_recorded_order(source, tmp_path):
+@pytest.mark.slow
+def test_calibrated_output_follows_the_recorded_order(source, tmp_path, convert):
     dst = convert(source, tmp_path / "cal", "--skip-heads", 2, "--init", "calibrated", *CALIB)
     record = json.loads((dst / "skipv1_conversion.json").read_text())
     assert record["calibration"]["tokens"] == 2048
@@ -65,7 +68,8 @@ def test_calibrated_output_follows_the_recorded_order(source, tmp_path):
     assert model.model.layers[1].self_attn.v_proj.weight.shape == (2 * D, 64)
 
 
-def test_calibrated_is_closer_to_the_source_than_mean(source, tmp_path):
+@pytest.mark.slow
+def test_calibrated_is_closer_to_the_source_than_mean(source, tmp_path, convert):
     ids = torch.randint(0, 320, (4, 48), generator=torch.Generator().manual_seed(0))
     src_model = AutoModelForCausalLM.from_pretrained(source).eval()
     errors = {}
@@ -85,9 +89,9 @@ def test_calibrated_is_closer_to_the_source_than_mean(source, tmp_path):
         (["--calib-data", "/nonexistent/*.txt"], "no data files match"),
     ],
 )
-def test_bad_calibration_options_exit_2_and_write_nothing(source, tmp_path, args, message):
+def test_bad_calibration_options_exit_2_and_write_nothing(source, tmp_path, args, message, cli):
     dst = tmp_path / "out"
-    result = runner.invoke(app, ["convert", str(source), str(dst), "--init", "calibrated", *args])
+    result = cli("convert", source, dst, "--init", "calibrated", *args)
     assert result.exit_code == 2, result.output
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not dst.exists()

@@ -4,28 +4,29 @@ and nothing written (no DST, no temporary directory)."""
 import json
 import os
 import pickle
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
-
-from skipv1.cli import app
-
-runner = CliRunner()
 
 
-def assert_refused(src, dst: Path, *args, match: str) -> str:
-    result = runner.invoke(app, ["convert", str(src), str(dst), "--quiet", *map(str, args)])
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ")
-    assert match.lower() in lines[0].lower(), lines[0]
-    assert not dst.exists()
-    assert not list(dst.parent.glob(f".{dst.name}.skipv1-tmp-*"))
-    return lines[0]
+@pytest.fixture
+def assert_refused(cli):
+    """assert_refused(SRC, DST, *ARGS, match=...): `skipv1 convert` exits 2 with one line that
+    contains `match`, and writes nothing; returns the line."""
+
+    def _refused(src, dst: Path, *args, match: str) -> str:
+        result = cli("convert", src, dst, "--quiet", *args)
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("error: ")
+        assert match.lower() in lines[0].lower(), lines[0]
+        assert not dst.exists()
+        assert not list(dst.parent.glob(f".{dst.name}.skipv1-tmp-*"))
+        return lines[0]
+
+    return _refused
 
 
 def shard_files(src: Path) -> list[str]:
@@ -39,24 +40,24 @@ def edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps(data))
 
 
-def test_missing_source(tmp_path):
+def test_missing_source(tmp_path, assert_refused):
     assert_refused(tmp_path / "nope", tmp_path / "dst", match="does not exist")
 
 
-def test_source_that_is_not_a_model_directory(tmp_path):
+def test_source_that_is_not_a_model_directory(tmp_path, assert_refused):
     (tmp_path / "empty").mkdir()
     assert_refused(tmp_path / "empty", tmp_path / "dst", match="not a model directory")
     (tmp_path / "file.txt").write_text("x")
     assert_refused(tmp_path / "file.txt", tmp_path / "dst", match="not a directory")
 
 
-def test_config_that_is_not_valid_json(checkpoint, tmp_path):
+def test_config_that_is_not_valid_json(checkpoint, tmp_path, assert_refused):
     src = checkpoint()
     (src / "config.json").write_text("{not json")
     assert_refused(src, tmp_path / "dst", match="is not valid JSON")
 
 
-def test_unsupported_architecture_lists_the_supported_ones(checkpoint, tmp_path):
+def test_unsupported_architecture_lists_the_supported_ones(checkpoint, tmp_path, assert_refused):
     src = checkpoint()
     edit_json(src / "config.json", architectures=["GPT2LMHeadModel"], model_type="gpt2")
     line = assert_refused(src, tmp_path / "dst", match="unsupported architecture GPT2LMHeadModel")
@@ -64,27 +65,28 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoint, tmp_path)
         assert arch in line
 
 
-def test_source_that_is_already_skipv1(checkpoint, tmp_path):
+@pytest.mark.slow  # the default init's calibration: over a minute
+def test_source_that_is_already_skipv1(checkpoint, tmp_path, assert_refused, cli):
     src = checkpoint()
     first = tmp_path / "first"
-    assert runner.invoke(app, ["convert", str(src), str(first), "--quiet"]).exit_code == 0
+    assert cli("convert", src, first, "--quiet").exit_code == 0
     assert_refused(first, tmp_path / "dst", match="already a SkipV1 checkpoint")
 
 
-def test_missing_shard(checkpoint, tmp_path):
+def test_missing_shard(checkpoint, tmp_path, assert_refused):
     src = checkpoint(shards=3)
     missing = shard_files(src)[1]
     (src / missing).unlink()
     assert_refused(src, tmp_path / "dst", match=f"shard {missing} is missing")
 
 
-def test_missing_bin_shard(checkpoint, tmp_path):
+def test_missing_bin_shard(checkpoint, tmp_path, assert_refused):
     src = checkpoint(shards=2, fmt="bin")
     (src / "pytorch_model-00001-of-00002.bin").unlink()
     assert_refused(src, tmp_path / "dst", match="is missing")
 
 
-def test_truncated_shard(checkpoint, tmp_path):
+def test_truncated_shard(checkpoint, tmp_path, assert_refused):
     src = checkpoint(shards=3)
     shard = src / shard_files(src)[-1]
     size = shard.stat().st_size
@@ -93,14 +95,14 @@ def test_truncated_shard(checkpoint, tmp_path):
     assert f"the file has {size - 1000}" in line and "re-download" in line
 
 
-def test_truncated_bin_shard(checkpoint, tmp_path):
+def test_truncated_bin_shard(checkpoint, tmp_path, assert_refused):
     src = checkpoint(fmt="bin")
     shard = src / "pytorch_model.bin"
     os.truncate(shard, shard.stat().st_size // 2)
     assert_refused(src, tmp_path / "dst", match="cannot be read safely")
 
 
-def test_corrupt_shard_header(checkpoint, tmp_path):
+def test_corrupt_shard_header(checkpoint, tmp_path, assert_refused):
     src = checkpoint()
     shard = src / "model.safetensors"
     data = bytearray(shard.read_bytes())
@@ -109,7 +111,7 @@ def test_corrupt_shard_header(checkpoint, tmp_path):
     assert_refused(src, tmp_path / "dst", match="corrupt safetensors header")
 
 
-def test_index_naming_a_tensor_no_shard_has(checkpoint, tmp_path):
+def test_index_naming_a_tensor_no_shard_has(checkpoint, tmp_path, assert_refused):
     src = checkpoint(shards=2)
     index = json.loads((src / "model.safetensors.index.json").read_text())
     index["weight_map"]["model.layers.9.mlp.up_proj.weight"] = shard_files(src)[0]
@@ -117,13 +119,13 @@ def test_index_naming_a_tensor_no_shard_has(checkpoint, tmp_path):
     assert_refused(src, tmp_path / "dst", match="names tensor model.layers.9.mlp.up_proj.weight")
 
 
-def test_shards_without_an_index(checkpoint, tmp_path):
+def test_shards_without_an_index(checkpoint, tmp_path, assert_refused):
     src = checkpoint(shards=2)
     (src / "model.safetensors.index.json").unlink()
     assert_refused(src, tmp_path / "dst", match="no model.safetensors.index.json")
 
 
-def test_tensor_shape_that_disagrees_with_the_config(checkpoint, tmp_path):
+def test_tensor_shape_that_disagrees_with_the_config(checkpoint, tmp_path, assert_refused):
     src = checkpoint()
     edit_json(src / "config.json", intermediate_size=96)
     assert_refused(
@@ -131,14 +133,14 @@ def test_tensor_shape_that_disagrees_with_the_config(checkpoint, tmp_path):
     )
 
 
-def test_tensor_the_config_implies_but_the_weights_lack(checkpoint, tmp_path):
+def test_tensor_the_config_implies_but_the_weights_lack(checkpoint, tmp_path, assert_refused):
     src = checkpoint()
     edit_json(src / "config.json", num_hidden_layers=4)
     assert_refused(src, tmp_path / "dst", match="the weights lack")
 
 
 @pytest.mark.parametrize("s", ["4", "-1", "9"])
-def test_skip_heads_out_of_range(checkpoint, tmp_path, s):
+def test_skip_heads_out_of_range(checkpoint, tmp_path, s, assert_refused):
     src = checkpoint()
     assert_refused(src, tmp_path / "dst", "--skip-heads", s, match="0 <= N <= 3")
 
@@ -151,16 +153,16 @@ def test_skip_heads_out_of_range(checkpoint, tmp_path, s):
         ("--shard-size", "lots", "--shard-size lots is not a size"),
     ],
 )
-def test_unknown_option_values(checkpoint, tmp_path, option, value, match):
+def test_unknown_option_values(checkpoint, tmp_path, option, value, match, assert_refused):
     assert_refused(checkpoint(), tmp_path / "dst", option, value, match=match)
 
 
-def test_destination_that_exists_is_left_alone(checkpoint, tmp_path):
+def test_destination_that_exists_is_left_alone(checkpoint, tmp_path, cli):
     src = checkpoint()
     dst = tmp_path / "dst"
     dst.mkdir()
     (dst / "mine.txt").write_text("keep me")
-    result = runner.invoke(app, ["convert", str(src), str(dst), "--quiet"])
+    result = cli("convert", src, dst, "--quiet")
     assert result.exit_code == 2
     assert (
         result.stderr.strip()
@@ -169,37 +171,47 @@ def test_destination_that_exists_is_left_alone(checkpoint, tmp_path):
     assert [p.name for p in dst.iterdir()] == ["mine.txt"]
 
 
-def test_destination_inside_source(checkpoint):
+def test_destination_inside_source(checkpoint, assert_refused, cli):
     src = checkpoint()
     assert_refused(src, src / "converted", match="is inside SRC")
     before = sorted(p.name for p in src.iterdir())
-    result = runner.invoke(app, ["convert", str(src), str(src), "--overwrite"])
+    result = cli("convert", src, src, "--overwrite")
     assert result.exit_code == 2 and "is inside SRC" in result.stderr
     assert sorted(p.name for p in src.iterdir()) == before
 
 
-def test_overwrite_of_a_destination_holding_the_source(checkpoint, tmp_path):
+def test_overwrite_of_a_destination_holding_the_source(checkpoint, tmp_path, cli):
     src = checkpoint("outer/src")
-    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "outer"), "--overwrite"])
+    result = cli("convert", src, tmp_path / "outer", "--overwrite")
     assert result.exit_code == 2 and "would delete the source" in result.stderr
     assert (src / "config.json").exists()
 
 
-def test_not_enough_free_disk(checkpoint, tmp_path, monkeypatch):
+def test_not_enough_free_disk(checkpoint, tmp_path, monkeypatch, assert_refused):
     src = checkpoint()
-    real = shutil.disk_usage
-    # The filesystem's own numbers, with only 1 MB free: the machine cannot be filled for a test.
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=10**6))
+    real = os.statvfs
+
+    def one_megabyte_free(path):
+        stat = real(path)
+        fields = list(stat)
+        fields[4] = 10**6 // stat.f_frsize  # f_bavail
+        return os.statvfs_result(fields)
+
+    # The filesystem's own numbers, with only 1 MB free: the machine cannot be filled for a test
+    # (tests/test_filesystems.py fills a real tmpfs where this user may mount one).
+    monkeypatch.setattr(os, "statvfs", one_megabyte_free)
     assert_refused(src, tmp_path / "dst", match="not enough free disk")
 
 
-def test_source_asking_for_custom_code_without_trust_remote_code(checkpoint, tmp_path):
+def test_source_asking_for_custom_code_without_trust_remote_code(
+    checkpoint, tmp_path, assert_refused
+):
     src = checkpoint()
     edit_json(src / "config.json", auto_map={"AutoModelForCausalLM": "custom.MyLlama"})
     assert_refused(src, tmp_path / "dst", match="pass --trust-remote-code")
 
 
-def test_unknown_tensor_in_the_weights(checkpoint, tmp_path):
+def test_unknown_tensor_in_the_weights(checkpoint, tmp_path, assert_refused):
     from safetensors.torch import load_file, save_file
 
     src = checkpoint()
@@ -214,7 +226,9 @@ class Payload:
         return (Path.touch, (Path(os.environ["SKIPV1_PWNED"]),))
 
 
-def test_bin_with_pickled_code_is_refused_without_running_it(checkpoint, tmp_path, monkeypatch):
+def test_bin_with_pickled_code_is_refused_without_running_it(
+    checkpoint, tmp_path, monkeypatch, assert_refused
+):
     src = checkpoint(fmt="bin")
     marker = tmp_path / "pwned"
     monkeypatch.setenv("SKIPV1_PWNED", str(marker))
@@ -225,14 +239,14 @@ def test_bin_with_pickled_code_is_refused_without_running_it(checkpoint, tmp_pat
     assert not marker.exists()
 
 
-def test_tokenizer_file_that_cannot_be_read(checkpoint, tmp_path):
+def test_tokenizer_file_that_cannot_be_read(checkpoint, tmp_path, assert_refused):
     src = checkpoint()
     (src / "tokenizer.json").unlink()
     (src / "tokenizer.json").symlink_to(tmp_path / "blobs" / "gone")  # a broken HF-cache link
     assert_refused(src, tmp_path / "dst", match="tokenizer file")
 
 
-def test_hub_id_while_offline(tmp_path, monkeypatch):
+def test_hub_id_while_offline(tmp_path, monkeypatch, assert_refused):
     monkeypatch.chdir(tmp_path)
     from huggingface_hub import constants
 
@@ -242,7 +256,7 @@ def test_hub_id_while_offline(tmp_path, monkeypatch):
     )
 
 
-def test_destination_inside_a_symlink_loop(checkpoint, tmp_path):
+def test_destination_inside_a_symlink_loop(checkpoint, tmp_path, assert_refused):
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     assert_refused(checkpoint(), tmp_path / "a" / "out", match="lies in a symlink loop")

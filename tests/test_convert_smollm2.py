@@ -8,20 +8,14 @@ import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from typer.testing import CliRunner
 
-from skipv1.cli import app
-
-runner = CliRunner()
+pytestmark = pytest.mark.smollm2
 
 
 @pytest.fixture(scope="session")
-def smollm2_converted(smollm2_dir, tmp_path_factory) -> Path:
+def smollm2_converted(smollm2_dir, tmp_path_factory, cli) -> Path:
     dst = tmp_path_factory.mktemp("smollm2-skipv1") / "mean-s1"
-    result = runner.invoke(
-        app,
-        ["convert", str(smollm2_dir), str(dst), "--skip-heads", "1", "--init", "mean", "--quiet"],
-    )
+    result = cli("convert", smollm2_dir, dst, "--skip-heads", "1", "--init", "mean", "--quiet")
     assert result.exit_code == 0, result.output
     return dst
 
@@ -61,26 +55,21 @@ def lm_loss(path: Path) -> float:
 
 
 def test_converted_smollm2_loads_and_keep_stays_a_language_model(
-    smollm2_dir, smollm2_converted, tmp_path
+    smollm2_dir, smollm2_converted, tmp_path, cli
 ):
     # Mean-pooling moves source head 2 into own slot 1, so o_proj no longer matches until
     # uptraining: the loss is finite but high. Keep leaves heads 0 and 1 where they were.
     assert 0 < lm_loss(smollm2_converted) < 20
     keep = tmp_path / "keep"
-    result = runner.invoke(
-        app,
-        ["convert", str(smollm2_dir), str(keep), "--skip-heads", "1", "--init", "keep", "--quiet"],
-    )
+    result = cli("convert", smollm2_dir, keep, "--skip-heads", "1", "--init", "keep", "--quiet")
     assert result.exit_code == 0, result.output
     # Still a language model: far below the uniform loss ln(49152) = 10.8.
     assert lm_loss(keep) < 8
 
 
-def test_smollm2_with_zero_skip_heads_equals_the_source(smollm2_dir, tmp_path):
+def test_smollm2_with_zero_skip_heads_equals_the_source(smollm2_dir, tmp_path, cli):
     dst = tmp_path / "s0"
-    result = runner.invoke(
-        app, ["convert", str(smollm2_dir), str(dst), "--skip-heads", "0", "--quiet"]
-    )
+    result = cli("convert", smollm2_dir, dst, "--skip-heads", "0", "--quiet")
     assert result.exit_code == 0, result.output
     ids = torch.randint(0, 49152, (1, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -89,23 +78,20 @@ def test_smollm2_with_zero_skip_heads_equals_the_source(smollm2_dir, tmp_path):
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
 
 
-def test_smollm2_gguf_converts_directly_like_its_hf_export(smollm2_converted, tmp_path):
+def test_smollm2_gguf_converts_directly_like_its_hf_export(smollm2_converted, tmp_path, cli):
     from skipv1.smollm2 import smollm2_gguf_path
 
     dst = tmp_path / "from-gguf"
-    result = runner.invoke(
-        app,
-        [
-            "convert",
-            str(smollm2_gguf_path()),
-            str(dst),
-            "--skip-heads",
-            "1",
-            "--init",
-            "mean",
-            "--quiet",
-            "--json",
-        ],
+    result = cli(
+        "convert",
+        smollm2_gguf_path(),
+        dst,
+        "--skip-heads",
+        "1",
+        "--init",
+        "mean",
+        "--quiet",
+        "--json",
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["source_format"] == "gguf"

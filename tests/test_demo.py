@@ -4,9 +4,7 @@ other settings refuses to reuse finished steps."""
 import json
 
 import yaml
-from typer.testing import CliRunner
 
-from skipv1.cli import app
 from skipv1.demo import DemoSettings, demo_recipe
 from skipv1.uptrain.recipe import load_recipe
 
@@ -40,26 +38,25 @@ def test_demo_recipe_passes_the_uptrain_schema(tmp_path):
         assert recipe.batch.global_batch_tokens % per_step == 0
 
 
-def test_demo_help_explains_each_option():
-    result = CliRunner().invoke(app, ["demo", "--help"])
+def test_demo_help_explains_each_option(cli):
+    result = cli("demo", "--help")
     assert result.exit_code == 0
     for option in ("--out", "--tokens", "--skip-heads", "--nproc", "--init"):
         assert option in result.stdout
 
 
-def test_rerun_with_other_settings_is_refused(tmp_path):
+def test_rerun_with_other_settings_is_refused(tmp_path, cli):
     out = tmp_path / "demo-out"
     out.mkdir()
     first = settings(tmp_path)
     record = {k: v for k, v in first.__dict__.items() if k not in ("out", "quiet")}
     (out / "settings.json").write_text(json.dumps(record))
-    result = CliRunner().invoke(app, ["demo", "--out", str(out), "--tokens", "4096"])
+    result = cli("demo", "--out", out, "--tokens", "4096")
     assert result.exit_code == 2
     assert "holds a demo run with other settings" in result.stderr
 
 
-def test_bad_options_are_refused_before_anything_is_written(tmp_path):
-    runner = CliRunner()
+def test_bad_options_are_refused_before_anything_is_written(tmp_path, cli):
     a_file = tmp_path / "file"
     a_file.write_text("x")
     cases = [
@@ -71,9 +68,9 @@ def test_bad_options_are_refused_before_anything_is_written(tmp_path):
     ]
     for args, message in cases:
         out = tmp_path / "demo-out"
-        result = runner.invoke(app, ["demo", "--out", str(out), *args])
+        result = cli("demo", "--out", out, *args)
         assert result.exit_code == 2, (args, result.output)
         assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
         assert not out.exists(), args
-    result = runner.invoke(app, ["demo", "--out", str(a_file)])
+    result = cli("demo", "--out", a_file)
     assert result.exit_code == 2 and "is a file" in result.stderr

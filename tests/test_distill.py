@@ -2,14 +2,13 @@
 2-rank DeepSpeed run with `distill.teacher` set."""
 
 import math
-import subprocess
 
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
 from factories import tiny_config
-from test_uptrain_deepspeed import SKIPV1, finish, uptrain, workdir  # noqa: F401 (fixture)
+from test_uptrain_deepspeed import finish, uptrain, workdir  # noqa: F401 (fixture)
 from transformers import LlamaForCausalLM
 
 from skipv1.errors import SkipV1Error
@@ -97,15 +96,16 @@ def test_bad_distill_settings_are_recipe_errors(workdir, override, message):  # 
     assert str(err.value).startswith(message)
 
 
-def test_bad_distill_setting_exits_2_with_one_line(workdir):  # noqa: F811
-    cmd = [SKIPV1, "uptrain", str(workdir / "recipe.yaml"), "distill.alpha=-0.1"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+@pytest.mark.slow  # a child process: ~8 s of imports
+def test_bad_distill_setting_exits_2_with_one_line(workdir, cli):  # noqa: F811
+    result = cli.process("uptrain", workdir / "recipe.yaml", "distill.alpha=-0.1", timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: `distill.alpha` is -0.1: it must be in [0, 1]"
     ]
 
 
+@pytest.mark.distributed
 def test_two_rank_zero3_run_with_a_teacher_logs_distill_kl(workdir, checkpoint):  # noqa: F811
     """The student is partitioned by ZeRO-3, the teacher (a plain Llama) replicated."""
     teacher = checkpoint("teacher")

@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from factories import make_skipv1_checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from typer.testing import CliRunner
 
-from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
-from skipv1.cli import app
 from skipv1.convert.options import ConvertOptions
 from skipv1.errors import SkipV1Error
 from skipv1.evaluate.api import evaluate_models
@@ -38,18 +36,10 @@ def one_thread():
 def convert_in_memory(src: Path, dst: Path, skip_v_heads: int) -> Path:
     """A SkipV1 checkpoint of the source's shape (random weights) with the source's tokenizer."""
     fields = json.loads((src / "config.json").read_text())
-    for key in ("model_type", "architectures", "transformers_version", "dtype"):
-        fields.pop(key, None)
-    torch.manual_seed(1)
-    model = SkipV1LlamaForCausalLM(SkipV1LlamaConfig(**fields, skip_v_heads=skip_v_heads))
-    model.save_pretrained(dst)
+    make_skipv1_checkpoint(dst, skip_v_heads, config=fields, seed=1)
     for file in src.glob("tokenizer*"):
         (dst / file.name).write_bytes(file.read_bytes())
     return dst
-
-
-def run_cli(*args: str):
-    return CliRunner().invoke(app, ["eval", *map(str, args)])
 
 
 def write_docs(folder: Path, docs: list[str]) -> str:
@@ -180,12 +170,13 @@ def test_measured_kv_bytes_equal_formula_and_skipv1_saves_the_formula_ratio(
 # --- CLI outputs ---------------------------------------------------------------------------
 
 
-def test_cli_writes_json_with_every_number_and_a_png_chart(checkpoint, tmp_path):
+@pytest.mark.slow
+def test_cli_writes_json_with_every_number_and_a_png_chart(checkpoint, tmp_path, cli):
     src = checkpoint("src", num_attention_heads=8, num_key_value_heads=4)
     conv = convert_in_memory(src, tmp_path / "conv", 2)
     out, png = tmp_path / "out" / "eval.json", tmp_path / "eval.png"
-    result = run_cli(
-        src, conv, "--ctx", "64", "--max-tokens", "256", *FAST,
+    result = cli(
+        "eval", src, conv, "--ctx", "64", "--max-tokens", "256", *FAST,
         "--kv-budget", "1MiB", "--context-len", "128", "--json", out, "--plot", png,
         "--batch", "2", "--repeats", "2",
     )  # fmt: skip
@@ -217,9 +208,9 @@ def test_cli_writes_json_with_every_number_and_a_png_chart(checkpoint, tmp_path)
     assert matplotlib.image.imread(png).shape[:2][1] > 1000  # three panels side by side
 
 
-def test_json_to_stdout_and_default_ctx_follows_max_positions(checkpoint):
+def test_json_to_stdout_and_default_ctx_follows_max_positions(checkpoint, cli):
     src = checkpoint("src", max_position_embeddings=128)
-    result = run_cli(src, "--max-tokens", "200", "--no-speed", "--json", "-", *FAST)
+    result = cli("eval", src, "--max-tokens", "200", "--no-speed", "--json", "-", *FAST)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["settings"]["ctx"] == 128  # min(1024, max positions)
@@ -246,7 +237,8 @@ metric_list:
 """
 
 
-def test_lm_eval_runs_a_local_task_on_source_and_converted_checkpoints(checkpoint, tmp_path):
+@pytest.mark.slow
+def test_lm_eval_runs_a_local_task_on_source_and_converted_checkpoints(checkpoint, tmp_path, cli):
     pytest.importorskip("lm_eval")
     tasks = tmp_path / "tasks"
     tasks.mkdir()
@@ -265,8 +257,8 @@ def test_lm_eval_runs_a_local_task_on_source_and_converted_checkpoints(checkpoin
     conv = convert_in_memory(src, tmp_path / "conv", 1)
     assert "auto_map" in json.loads((conv / "config.json").read_text())  # trust_remote_code path
 
-    result = run_cli(
-        src, conv, "--tasks", "skipv1_tiny_choice", "--tasks-dir", tasks,
+    result = cli(
+        "eval", src, conv, "--tasks", "skipv1_tiny_choice", "--tasks-dir", tasks,
         "--no-perplexity", "--no-speed", "--json", tmp_path / "out.json", *FAST,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -275,9 +267,9 @@ def test_lm_eval_runs_a_local_task_on_source_and_converted_checkpoints(checkpoin
         assert 0.0 <= scores["acc,none"] <= 1.0 and scores["sample_len"] == 3
 
 
-def test_tasks_without_lm_eval_installed_says_how_to_install(checkpoint, monkeypatch):
+def test_tasks_without_lm_eval_installed_says_how_to_install(checkpoint, monkeypatch, cli):
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # makes `import lm_eval` fail
-    result = run_cli(checkpoint("src"), "--tasks", "hellaswag", *FAST)
+    result = cli("eval", checkpoint("src"), "--tasks", "hellaswag", *FAST)
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and "pip install 'skipv1[lm-eval]'" in result.stderr
 
@@ -354,9 +346,9 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_bad_input_exits_2_with_one_line(checkpoint, tmp_path, case):
+def test_bad_input_exits_2_with_one_line(checkpoint, tmp_path, case, cli):
     make_args, expected = BAD_INPUTS[case]
-    result = run_cli(*FAST, *make_args(tmp_path, checkpoint("src")))
+    result = cli("eval", *FAST, *make_args(tmp_path, checkpoint("src")))
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
     assert expected in result.stderr

@@ -1,13 +1,11 @@
 """skipv1.uptrain.export.write_export goes through the atomic-directory helper: a failure in the
 middle of an export leaves the previous export as it was and no temporary directory."""
 
-import shutil
-
 import pytest
 import torch
-from factories import tiny_config
+from factories import make_skipv1_checkpoint
 
-from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
+from skipv1 import SkipV1LlamaForCausalLM
 from skipv1.errors import SkipV1Error
 from skipv1.uptrain.export import write_export
 
@@ -18,15 +16,8 @@ def snapshot(path):
 
 def saved_model(tmp_path, tokenizer_dir):
     """A random SkipV1 model saved with a tokenizer, and the export info for it."""
-    fields = tiny_config().to_dict()
-    for key in ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype"):
-        fields.pop(key, None)
-    torch.manual_seed(0)
-    model = SkipV1LlamaForCausalLM(SkipV1LlamaConfig(**fields, skip_v_heads=2))
     model_dir = tmp_path / "model"
-    model.save_pretrained(model_dir)
-    for file in tokenizer_dir.iterdir():
-        shutil.copy(file, model_dir / file.name)
+    model = make_skipv1_checkpoint(model_dir, skip_v_heads=2, tokenizer_dir=tokenizer_dir)
     info = {"dtype": "float32", "model": str(model_dir), "tokens": 0, "steps": 0}
     info.update(tokens_per_step=1, train_flops=0.0, skip_v_heads=2)
     return model, model_dir, info

@@ -3,16 +3,13 @@ user cannot mount, e.g. without root). Up front, convert, export and demo refuse
 too small destination with one line; a disk that fills up mid-write is one line too, and the
 atomic outputs leave nothing behind."""
 
-import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
 import yaml
-from factories import tiny_config
+from factories import make_skipv1_checkpoint
 
-from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
 from skipv1.errors import SkipV1Error
 from skipv1.uptrain.export import write_export
 
@@ -38,41 +35,27 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", str(point)], check=True)
 
 
-def skipv1(*args, env=None):
-    run = subprocess.run(
-        [sys.executable, "-m", "skipv1", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    return run
-
-
 def one_line(run, expected: str) -> None:
     assert run.returncode == 2, run.stderr
     assert run.stderr.startswith("error: ") and run.stderr.count("\n") == 1, run.stderr
     assert expected in run.stderr, run.stderr
 
 
-def test_convert_to_a_read_only_or_too_small_filesystem_is_one_line(checkpoint, tmpfs):
+@pytest.mark.slow  # child processes
+def test_convert_to_a_read_only_or_too_small_filesystem_is_one_line(checkpoint, tmpfs, cli):
     src = checkpoint("src")
     read_only = tmpfs("1m", read_only=True)
-    one_line(skipv1("convert", src, read_only / "out", "--init", "keep"), "read-only filesystem")
+    convert = ("convert", src, read_only / "out", "--init", "keep")
+    one_line(cli.process(*convert, timeout=300, as_module=True), "read-only filesystem")
     small = tmpfs("16k")
-    one_line(skipv1("convert", src, small / "out", "--init", "keep"), "not enough free disk")
+    convert = ("convert", src, small / "out", "--init", "keep")
+    one_line(cli.process(*convert, timeout=300, as_module=True), "not enough free disk")
     assert not any(small.iterdir())
 
 
 def test_export_to_a_read_only_or_too_small_filesystem_is_refused(tmp_path, tokenizer_dir, tmpfs):
-    fields = tiny_config().to_dict()
-    for key in ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype"):
-        fields.pop(key, None)
-    model = SkipV1LlamaForCausalLM(SkipV1LlamaConfig(**fields, skip_v_heads=2))
     model_dir = tmp_path / "model"
-    model.save_pretrained(model_dir)
-    for file in tokenizer_dir.iterdir():
-        shutil.copy(file, model_dir / file.name)
+    model = make_skipv1_checkpoint(model_dir, skip_v_heads=2, tokenizer_dir=tokenizer_dir)
     info = {"dtype": "float32", "model": str(model_dir), "tokens": 0, "steps": 0}
     weights = model.state_dict()
     with pytest.raises(SkipV1Error, match="read-only filesystem"):
@@ -84,13 +67,16 @@ def test_export_to_a_read_only_or_too_small_filesystem_is_refused(tmp_path, toke
     assert torch.equal(model.state_dict()["lm_head.weight"], weights["lm_head.weight"])
 
 
-def test_demo_out_on_a_read_only_filesystem_is_one_line(tmpfs):
+@pytest.mark.slow  # a child process
+def test_demo_out_on_a_read_only_filesystem_is_one_line(tmpfs, cli):
     read_only = tmpfs("1m", read_only=True)
-    one_line(skipv1("demo", "--out", read_only / "demo"), "read-only filesystem")
+    demo = cli.process("demo", "--out", read_only / "demo", timeout=300, as_module=True)
+    one_line(demo, "read-only filesystem")
 
 
+@pytest.mark.slow  # a child process
 def test_a_disk_that_fills_up_mid_write_is_one_line_and_leaves_no_temp_dir(
-    tmp_path, tokenizer_dir, tmpfs
+    tmp_path, tokenizer_dir, tmpfs, cli
 ):
     """The token store has no size estimate up front: it meets ENOSPC while writing."""
     text = tmp_path / "train.txt"
@@ -107,7 +93,7 @@ def test_a_disk_that_fills_up_mid_write_is_one_line_and_leaves_no_temp_dir(
     }
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    run = skipv1("prepare-data", path)
+    run = cli.process("prepare-data", path, timeout=300, as_module=True)
     errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert errors == [run.stderr.splitlines()[-1]], run.stderr  # one error line, the last

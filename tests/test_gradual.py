@@ -3,8 +3,6 @@ exactly at the SkipV1 function, and the export is the plain SkipV1 checkpoint.""
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +18,6 @@ from skipv1.uptrain.data import load_blocks
 from skipv1.uptrain.gradual import GradualConversion
 from skipv1.uptrain.metrics import read_metrics
 from skipv1.uptrain.recipe import load_recipe
-
-SKIPV1 = str(Path(sys.executable).parent / "skipv1")
 
 
 @pytest.fixture
@@ -70,8 +66,9 @@ def test_blend_rows_are_frozen_and_not_part_of_the_skipv1_weights(source_and_kee
     assert weight.shape == (2 * head_dim, student.config.hidden_size)
 
 
+@pytest.mark.distributed  # a DeepSpeed run in a child process
 def test_uptrain_with_gradual_conversion_exports_the_trained_skipv1_function(
-    source_and_keep, tmp_path
+    source_and_keep, tmp_path, cli
 ):
     src, _ = source_and_keep
     corpus = write_corpus(tmp_path)
@@ -97,8 +94,7 @@ def test_uptrain_with_gradual_conversion_exports_the_trained_skipv1_function(
     }
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     run = tmp_path / "run"
-    cmd = [SKIPV1, "uptrain", str(tmp_path / "r.yaml"), "--run-dir", str(run), "--quiet"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    result = cli.process("uptrain", tmp_path / "r.yaml", "--run-dir", run, "--quiet", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
 
     records = read_metrics(run)

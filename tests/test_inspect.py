@@ -2,10 +2,6 @@
 
 import json
 
-from typer.testing import CliRunner
-
-from skipv1.cli import app
-
 SMOLLM2_SHAPE = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -20,13 +16,9 @@ SMOLLM2_SHAPE = {
 }
 
 
-def run(*args):
-    return CliRunner().invoke(app, list(map(str, args)))
-
-
-def test_inspect_source_reports_plan_and_saving(tmp_path):
+def test_inspect_source_reports_plan_and_saving(tmp_path, cli):
     (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_SHAPE))
-    result = run("inspect", tmp_path, "--json")
+    result = cli("inspect", tmp_path, "--json")
     assert result.exit_code == 0, result.output
     info = json.loads(result.stdout)
     assert info["skip_v_heads"] == 1 and not info["is_skipv1"]
@@ -37,7 +29,7 @@ def test_inspect_source_reports_plan_and_saving(tmp_path):
     assert info["parameters"] - info["parameters_skipv1"] == 29 * 576 * 64
 
 
-def test_inspect_converted_reads_skip_from_config(tmp_path):
+def test_inspect_converted_reads_skip_from_config(tmp_path, cli):
     config = dict(
         SMOLLM2_SHAPE,
         model_type="skipv1_llama",
@@ -45,20 +37,20 @@ def test_inspect_converted_reads_skip_from_config(tmp_path):
         architectures=["SkipV1LlamaForCausalLM"],
     )
     (tmp_path / "config.json").write_text(json.dumps(config))
-    info = json.loads(run("inspect", tmp_path, "--json").stdout)
+    info = json.loads(cli("inspect", tmp_path, "--json").stdout)
     assert info["is_skipv1"] and info["skip_v_heads"] == 2
     assert info["kv_bytes_per_token_skipv1_bf16"] == 2 * 64 * (6 + 29 * 4)
     assert info["parameters"] == info["parameters_skipv1"]
 
 
-def test_inspect_table_output(tmp_path):
+def test_inspect_table_output(tmp_path, cli):
     (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_SHAPE))
-    result = run("inspect", tmp_path)
+    result = cli("inspect", tmp_path)
     assert result.exit_code == 0
     assert "19,328" in result.stdout and "16.1%" in result.stdout
 
 
-def test_inspect_bad_inputs_exit_2_with_one_line(tmp_path):
+def test_inspect_bad_inputs_exit_2_with_one_line(tmp_path, cli):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text("{not json")
     (tmp_path / "empty").mkdir()
@@ -73,13 +65,13 @@ def test_inspect_bad_inputs_exit_2_with_one_line(tmp_path):
         tmp_path / "odd": "unsupported architecture GPT2LMHeadModel",
     }
     for path, message in cases.items():
-        result = run("inspect", path)
+        result = cli("inspect", path)
         assert result.exit_code == 2, (path, result.output)
         assert message in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_inspect_config_fields_of_the_wrong_type_are_named(tmp_path):
+def test_inspect_config_fields_of_the_wrong_type_are_named(tmp_path, cli):
     cases = {
         "nested architectures": ({"architectures": [["LlamaForCausalLM"]]}, "'architectures'"),
         "string kv heads": ({"num_key_value_heads": "3"}, "'num_key_value_heads' is '3'"),
@@ -92,16 +84,16 @@ def test_inspect_config_fields_of_the_wrong_type_are_named(tmp_path):
         path = tmp_path / name.replace(" ", "-")
         path.mkdir()
         (path / "config.json").write_text(json.dumps({**SMOLLM2_SHAPE, **override}))
-        result = run("inspect", path)
+        result = cli("inspect", path)
         assert result.exit_code == 2, (name, result.output)
         assert message in result.stderr, (name, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, name
 
 
-def test_inspect_skip_heads_out_of_range_is_refused(tmp_path):
+def test_inspect_skip_heads_out_of_range_is_refused(tmp_path, cli):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(SMOLLM2_SHAPE))
     for s in (3, 5, -1):
-        result = run("inspect", tmp_path / "m", "--skip-heads", s)
+        result = cli("inspect", tmp_path / "m", "--skip-heads", s)
         assert result.exit_code == 2, (s, result.output)
         assert "out of range for 3 KV heads" in result.stderr, (s, result.stderr)

@@ -7,73 +7,35 @@ import sys
 
 import pytest
 import torch
+from factories import SHAPES, llama_config_of, random_skipv1, small_skipv1_config, token_ids
 from transformers import (
     AutoModelForCausalLM,
     DynamicCache,
-    LlamaConfig,
     LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
 
 import skipv1  # noqa: F401  (registers the Auto classes)
-from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
+from skipv1 import SkipV1LlamaForCausalLM
 from skipv1.modeling.layout import KVLayout
-
-SHAPES = {"mha": (8, 8), "gqa": (8, 4), "odd": (9, 3)}
-
-
-def skip_config(heads=8, kv=4, s=2, layers=3, head_dim=8, **extra) -> SkipV1LlamaConfig:
-    return SkipV1LlamaConfig(
-        hidden_size=heads * head_dim,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        head_dim=head_dim,
-        num_hidden_layers=layers,
-        intermediate_size=96,
-        vocab_size=97,
-        max_position_embeddings=128,
-        skip_v_heads=s,
-        **extra,
-    )
-
-
-def random_model(config, seed=0, attn="sdpa"):
-    torch.manual_seed(seed)
-    config._attn_implementation = attn
-    model = SkipV1LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # non-zero biases so that bias handling is exercised
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.1)
-    return model
-
-
-def ids(batch=2, length=16, seed=1, vocab=97):
-    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 def test_v_proj_shapes_follow_the_checkpoint_contract():
-    model = random_model(skip_config(heads=8, kv=4, s=3, head_dim=8))
+    model = random_skipv1(small_skipv1_config(heads=8, kv=4, s=3, head_dim=8))
     rows = [layer.self_attn.v_proj.weight.shape[0] for layer in model.model.layers]
     assert rows == [4 * 8, 1 * 8, 1 * 8]
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_zero_skip_equals_stock_llama(attn):
-    llama_cfg = LlamaConfig(
-        **{
-            k: v
-            for k, v in skip_config(s=0).to_dict().items()
-            if k not in ("skip_v_heads", "o_proj_bias", "model_type")
-        }
-    )
+    llama_cfg = llama_config_of(small_skipv1_config(s=0))
     llama_cfg._attn_implementation = attn
     torch.manual_seed(0)
     llama = LlamaForCausalLM(llama_cfg).eval()
-    skip = random_model(skip_config(s=0), attn=attn)
+    skip = random_skipv1(small_skipv1_config(s=0), attn=attn)
     skip.load_state_dict(llama.state_dict())
-    x = ids()
+    x = token_ids()
     with torch.no_grad():
         assert torch.equal(skip(x).logits, llama(x).logits)
 
@@ -95,10 +57,10 @@ def test_qwen2_style_bias_maps_onto_skipv1_with_zero_skip():
         for name, p in qwen.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.1)
-    skip = random_model(skip_config(s=0, attention_bias=True, o_proj_bias=False))
+    skip = random_skipv1(small_skipv1_config(s=0, attention_bias=True, o_proj_bias=False))
     assert skip.model.layers[1].self_attn.o_proj.bias is None
     skip.load_state_dict(qwen.state_dict())
-    x = ids()
+    x = token_ids()
     with torch.no_grad():
         torch.testing.assert_close(skip(x).logits, qwen(x).logits, atol=1e-5, rtol=1e-5)
 
@@ -107,10 +69,10 @@ def test_qwen2_style_bias_maps_onto_skipv1_with_zero_skip():
 @pytest.mark.parametrize("shape", SHAPES)
 def test_uncached_cached_and_stepwise_logits_agree(attn, shape):
     heads, kv = SHAPES[shape]
-    model = random_model(
-        skip_config(heads=heads, kv=kv, s=kv // 2 or 1, attention_bias=True), attn=attn
+    model = random_skipv1(
+        small_skipv1_config(heads=heads, kv=kv, s=kv // 2 or 1, attention_bias=True), attn=attn
     )
-    x = ids(length=12)
+    x = token_ids(length=12)
     with torch.no_grad():
         full = model(x).logits
         cache = DynamicCache(config=model.config)
@@ -124,9 +86,9 @@ def test_uncached_cached_and_stepwise_logits_agree(attn, shape):
 def test_generate_cache_bytes_match_the_formula(shape):
     heads, kv = SHAPES[shape]
     s = kv // 2
-    config = skip_config(heads=heads, kv=kv, s=s, layers=4)
-    model = random_model(config)
-    prompt = ids(batch=1, length=20)
+    config = small_skipv1_config(heads=heads, kv=kv, s=s, layers=4)
+    model = random_skipv1(config)
+    prompt = token_ids(batch=1, length=20)
     out = model.generate(
         prompt, max_new_tokens=1, do_sample=False, return_dict_in_generate=True, pad_token_id=0
     )
@@ -141,8 +103,8 @@ def test_generate_cache_bytes_match_the_formula(shape):
 
 
 def test_static_cache_generates_the_same_tokens_as_dynamic():
-    model = random_model(skip_config(heads=9, kv=3, s=1))
-    prompt = ids(batch=2, length=7)
+    model = random_skipv1(small_skipv1_config(heads=9, kv=3, s=1))
+    prompt = token_ids(batch=2, length=7)
     kwargs = dict(
         max_new_tokens=8, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
     )
@@ -157,9 +119,9 @@ def test_static_cache_generates_the_same_tokens_as_dynamic():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_forward_and_generate(dtype):
-    model = random_model(skip_config()).to(dtype)
+    model = random_skipv1(small_skipv1_config()).to(dtype)
     out = model.generate(
-        ids(batch=1, length=6),
+        token_ids(batch=1, length=6),
         max_new_tokens=4,
         do_sample=False,
         pad_token_id=0,
@@ -172,13 +134,13 @@ def test_half_precision_forward_and_generate(dtype):
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_later_layer_loss_trains_layer0_rows_of_the_shared_heads(checkpointing):
     kv, s, d = 4, 2, 8
-    model = random_model(skip_config(kv=kv, s=s, layers=3, head_dim=d))
+    model = random_skipv1(small_skipv1_config(kv=kv, s=s, layers=3, head_dim=d))
     model.train()
     if checkpointing:
         model.activation_checkpointing_enable()
     # Freeze layer 0's attention output so its shared-head rows get gradient only via later layers.
     model.model.layers[0].self_attn.o_proj.weight.data.zero_()
-    loss = model(ids(), labels=ids()).loss
+    loss = model(token_ids(), labels=token_ids()).loss
     loss.backward()
     grad = model.model.layers[0].self_attn.v_proj.weight.grad
     own_rows, shared_rows = grad[: (kv - s) * d], grad[(kv - s) * d :]
@@ -199,22 +161,16 @@ def test_rope_scaling_types_run_and_match_llama_at_zero_skip():
             "rope_theta": 10000.0,
         },
     ):
-        skip = random_model(skip_config(s=0, rope_parameters=rope))
-        llama_cfg = LlamaConfig(
-            **{
-                k: v
-                for k, v in skip.config.to_dict().items()
-                if k not in ("skip_v_heads", "o_proj_bias", "model_type")
-            }
-        )
+        skip = random_skipv1(small_skipv1_config(s=0, rope_parameters=rope))
+        llama_cfg = llama_config_of(skip.config)
         llama = LlamaForCausalLM(llama_cfg).eval()
         llama.load_state_dict(skip.state_dict())
         with torch.no_grad():
-            torch.testing.assert_close(skip(ids()).logits, llama(ids()).logits)
+            torch.testing.assert_close(skip(token_ids()).logits, llama(token_ids()).logits)
 
 
 def test_save_load_round_trip_and_untied_embeddings(tmp_path):
-    model = random_model(skip_config(tie_word_embeddings=False))
+    model = random_skipv1(small_skipv1_config(tie_word_embeddings=False))
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == "skipv1_llama" and config["skip_v_heads"] == 2
@@ -224,18 +180,19 @@ def test_save_load_round_trip_and_untied_embeddings(tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(loaded) is SkipV1LlamaForCausalLM
     with torch.no_grad():
-        assert torch.equal(loaded(ids()).logits, model(ids()).logits)
+        assert torch.equal(loaded(token_ids()).logits, model(token_ids()).logits)
 
 
 def test_tied_embeddings_stay_tied(tmp_path):
-    model = random_model(skip_config(tie_word_embeddings=True))
+    model = random_skipv1(small_skipv1_config(tie_word_embeddings=True))
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
+@pytest.mark.slow  # a child process
 def test_remote_code_loads_without_skipv1_importable(tmp_path):
-    model = random_model(skip_config())
+    model = random_skipv1(small_skipv1_config())
     model.save_pretrained(tmp_path)
-    expected = model(ids()).logits
+    expected = model(token_ids()).logits
     torch.save(expected, tmp_path / "expected.pt")
     script = f"""
 import sys
@@ -266,11 +223,11 @@ def test_config_rejects_skip_out_of_range(s):
     with pytest.raises(
         Exception, match=rf"skip_v_heads={s} is out of range.*num_key_value_heads=4"
     ):
-        skip_config(kv=4, s=s)
+        small_skipv1_config(kv=4, s=s)
 
 
 def test_weights_disagreeing_with_skip_name_the_numbers(tmp_path):
-    random_model(skip_config(kv=4, s=2)).save_pretrained(tmp_path)
+    random_skipv1(small_skipv1_config(kv=4, s=2)).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     config["skip_v_heads"] = 1
     (tmp_path / "config.json").write_text(json.dumps(config))

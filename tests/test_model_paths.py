@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 import torch
-from test_model import SHAPES, ids, random_model, skip_config
+from factories import SHAPES, random_skipv1, small_skipv1_config, token_ids
 from transformers import DynamicCache, StaticCache
 
 from skipv1 import SkipV1LlamaForCausalLM
@@ -17,8 +17,8 @@ def test_base_model_forward_has_an_explicit_signature_and_takes_positional_ids()
     params = list(inspect.signature(SkipV1LlamaModel.forward).parameters)
     assert params[:3] == ["self", "input_ids", "attention_mask"]
     assert "inputs_embeds" in params and "cache" in params
-    model = random_model(skip_config())
-    x = ids()
+    model = random_skipv1(small_skipv1_config())
+    x = token_ids()
     with torch.no_grad():
         by_position = model.model(x).last_hidden_state
         by_name = model.model(input_ids=x).last_hidden_state
@@ -29,8 +29,8 @@ def test_base_model_forward_has_an_explicit_signature_and_takes_positional_ids()
 
 @pytest.mark.parametrize("name", ["past_key_values", "cache"])
 def test_base_model_uses_a_cache_passed_under_either_name(name):
-    model = random_model(skip_config(heads=9, kv=3, s=1))
-    x = ids(length=10)
+    model = random_skipv1(small_skipv1_config(heads=9, kv=3, s=1))
+    x = token_ids(length=10)
     with torch.no_grad():
         full = model.model(x).last_hidden_state
         cache = DynamicCache(config=model.config)
@@ -42,13 +42,13 @@ def test_base_model_uses_a_cache_passed_under_either_name(name):
 
 
 def test_config_gradient_checkpointing_flag_reaches_the_skipv1_layers():
-    config = skip_config()
+    config = small_skipv1_config()
     config.gradient_checkpointing = True
     model = SkipV1LlamaForCausalLM(config)
     assert model.is_activation_checkpointing
     assert all(layer.gradient_checkpointing for layer in model.model.layers)
     model.train()
-    x = ids()
+    x = token_ids()
     model(input_ids=x, labels=x).loss.backward()
     assert model.model.layers[0].self_attn.v_proj.weight.grad is not None
 
@@ -56,8 +56,8 @@ def test_config_gradient_checkpointing_flag_reaches_the_skipv1_layers():
 @pytest.mark.parametrize("shape", SHAPES)
 def test_beam_search_scores_are_the_uncached_model_s(shape):
     heads, kv = SHAPES[shape]
-    model = random_model(skip_config(heads=heads, kv=kv, s=kv // 2 or 1))
-    prompt = ids(batch=1, length=6)
+    model = random_skipv1(small_skipv1_config(heads=heads, kv=kv, s=kv // 2 or 1))
+    prompt = token_ids(batch=1, length=6)
     out = model.generate(
         prompt,
         num_beams=3,
@@ -76,19 +76,21 @@ def test_beam_search_scores_are_the_uncached_model_s(shape):
     torch.testing.assert_close(out.sequences_scores[0], total, rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_assisted_decoding_gives_the_greedy_tokens():
-    model = random_model(skip_config(heads=8, kv=4, s=2, layers=4))
-    assistant = random_model(skip_config(heads=8, kv=4, s=2, layers=2), seed=3)
-    prompt = ids(batch=1, length=8)
+    model = random_skipv1(small_skipv1_config(heads=8, kv=4, s=2, layers=4))
+    assistant = random_skipv1(small_skipv1_config(heads=8, kv=4, s=2, layers=2), seed=3)
+    prompt = token_ids(batch=1, length=8)
     kwargs = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
     greedy = model.generate(prompt, **kwargs)
     assisted = model.generate(prompt, assistant_model=assistant, **kwargs)
     assert torch.equal(assisted, greedy)
 
 
+@pytest.mark.slow
 def test_left_padded_batch_matches_each_prompt_alone():
-    model = random_model(skip_config(heads=9, kv=3, s=1))
-    short, long = ids(batch=1, length=5, seed=2), ids(batch=1, length=9, seed=3)
+    model = random_skipv1(small_skipv1_config(heads=9, kv=3, s=1))
+    short, long = token_ids(batch=1, length=5, seed=2), token_ids(batch=1, length=9, seed=3)
     batch = torch.cat([torch.cat([torch.zeros(1, 4, dtype=torch.long), short], 1), long])
     mask = torch.ones_like(batch)
     mask[0, :4] = 0
@@ -99,9 +101,10 @@ def test_left_padded_batch_matches_each_prompt_alone():
     assert torch.equal(together[1, 9:], alone[1])
 
 
+@pytest.mark.slow
 def test_chunked_prefill_with_a_static_cache_gives_the_dynamic_cache_tokens():
-    model = random_model(skip_config(heads=9, kv=3, s=1))
-    prompt = ids(batch=2, length=11)
+    model = random_skipv1(small_skipv1_config(heads=9, kv=3, s=1))
+    prompt = token_ids(batch=2, length=11)
     kwargs = dict(
         max_new_tokens=6, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
     )
@@ -117,10 +120,11 @@ def test_chunked_prefill_with_a_static_cache_gives_the_dynamic_cache_tokens():
     assert [layer.values.shape[1] for layer in out.cache.layers] == [3, 2, 2]
 
 
+@pytest.mark.slow
 def test_fullgraph_compiled_static_cache_decode_matches_eager():
     assert SkipV1LlamaForCausalLM._can_compile_fullgraph
-    model = random_model(skip_config(heads=8, kv=4, s=2))
-    x = ids(batch=1, length=9)
+    model = random_skipv1(small_skipv1_config(heads=8, kv=4, s=2))
+    x = token_ids(batch=1, length=9)
     cache = StaticCache(config=model.config, max_cache_len=16)
     with torch.no_grad():
         full = model(x).logits
@@ -131,19 +135,20 @@ def test_fullgraph_compiled_static_cache_decode_matches_eager():
 
 
 def test_eager_attention_weights_cover_every_query_head():
-    model = random_model(skip_config(heads=9, kv=3, s=1), attn="eager")
+    model = random_skipv1(small_skipv1_config(heads=9, kv=3, s=1), attn="eager")
     with torch.no_grad():
-        out = model(ids(length=7), output_attentions=True)
+        out = model(token_ids(length=7), output_attentions=True)
     for weights in out.attentions:
         assert weights.shape == (2, 9, 7, 7)
         torch.testing.assert_close(weights.sum(-1), torch.ones(2, 9, 7))
 
 
+@pytest.mark.slow
 def test_executorch_export_with_a_static_cache_gives_the_generate_tokens():
     from transformers import GenerationConfig
     from transformers.integrations.executorch import convert_and_export_with_cache
 
-    model = random_model(skip_config(heads=9, kv=3, s=1))
+    model = random_skipv1(small_skipv1_config(heads=9, kv=3, s=1))
     model.generation_config = GenerationConfig(
         use_cache=True,
         cache_implementation="static",

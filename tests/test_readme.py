@@ -46,14 +46,14 @@ def test_every_skipv1_example_parses():
 
 
 def test_every_make_example_is_a_target():
-    targets = set(re.findall(r"^([a-z]+):", (ROOT / "Makefile").read_text(), re.M))
+    targets = set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(), re.M))
     for _, lang, body in blocks():
         for argv in shell_lines(lang, body):
             if argv and argv[0] == "make":
                 assert set(argv[1:]) <= targets, argv
 
 
-@pytest.mark.slow
+@pytest.mark.smollm2
 def test_offline_examples_run(smollm2_dir, tmp_path):
     (tmp_path / "demo-out").mkdir()
     (tmp_path / "demo-out" / "source").symlink_to(smollm2_dir)
@@ -71,3 +71,13 @@ def test_offline_examples_run(smollm2_dir, tmp_path):
         )
         assert result.returncode == 0, (body, result.stderr[-3000:])
     assert (tmp_path / "eval.json").is_file() and (tmp_path / "eval.png").is_file()
+
+
+def test_make_test_runs_everything_and_test_fast_leaves_out_every_marker():
+    makefile = (ROOT / "Makefile").read_text()
+    recipes = dict(re.findall(r"^([a-z][a-z-]*):.*\n\t(.*)", makefile, re.M))
+    assert recipes["test"] == "$(PY) -m pytest -q"  # what CI (.ci/run) runs
+    declared = re.findall(r'^    "([a-z0-9_]+): ', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert set(declared) == {"slow", "smollm2", "distributed"}
+    expression = re.search(r'-m "(.*)"', recipes["test-fast"]).group(1)
+    assert expression == " and ".join(f"not {m}" for m in ("slow", "smollm2", "distributed"))

@@ -3,7 +3,9 @@
 import inspect
 import json
 
+import pytest
 import torch
+from factories import make_checkpoint, skipv1_config_of
 from safetensors.torch import load_file
 from test_calibrate import (
     KV,
@@ -11,14 +13,12 @@ from test_calibrate import (
     converted,
     logit_error,
     run_calibration,
-    skip_config,
     source_model,
     tokens,
 )
 from transformers import AutoModelForCausalLM
-from typer.testing import CliRunner
 
-from skipv1.cli import app, demo
+from skipv1.cli import demo
 from skipv1.convert.command import convert as convert_command
 from skipv1.convert.inits import DEFAULT_INIT
 from skipv1.convert.options import ConvertOptions
@@ -26,13 +26,12 @@ from skipv1.convert.reconstruct import reconstruct
 from skipv1.demo import DemoSettings
 from skipv1.uptrain.recipe import ModelSection
 
-runner = CliRunner()
-
 
 def run_reconstruct(source, s, n=16):
     return run_calibration(source, s, n=n, fit=reconstruct)
 
 
+@pytest.mark.slow
 def test_reconstruct_beats_calibrated_on_held_out_inputs():
     source = source_model()
     held_out = tokens(8, seed=2)
@@ -49,6 +48,7 @@ def test_reconstruct_beats_calibrated_on_held_out_inputs():
             assert record["error_out"] < 1.0
 
 
+@pytest.mark.slow
 def test_reconstruct_keeps_the_checkpoint_contract():
     source = source_model()
     rebuilt = run_reconstruct(source, 2)
@@ -82,20 +82,11 @@ def test_the_default_init_is_the_same_everywhere():
     )
 
 
-def test_convert_without_init_reconstructs_and_records_it(checkpoint, tmp_path):
+@pytest.mark.slow
+def test_convert_without_init_reconstructs_and_records_it(checkpoint, tmp_path, cli):
     src = checkpoint("src", num_attention_heads=8, num_key_value_heads=4, hidden_size=64)
     dst = tmp_path / "out"
-    args = [
-        "convert",
-        str(src),
-        str(dst),
-        "--quiet",
-        "--calib-tokens",
-        "2048",
-        "--calib-seq-len",
-        "64",
-    ]
-    result = runner.invoke(app, args)
+    result = cli("convert", src, dst, "--quiet", "--calib-tokens", 2048, "--calib-seq-len", 64)
     assert result.exit_code == 0, result.output
     record = json.loads((dst / "skipv1_conversion.json").read_text())
     assert record["init"] == "reconstruct"
@@ -109,26 +100,25 @@ def test_convert_without_init_reconstructs_and_records_it(checkpoint, tmp_path):
     assert model.config.skip_v_heads == 2
 
 
-def test_default_init_without_a_tokenizer_is_refused_up_front(tmp_path):
-    from factories import make_checkpoint
-
+def test_default_init_without_a_tokenizer_is_refused_up_front(tmp_path, cli):
     src = make_checkpoint(tmp_path / "src")  # no tokenizer files
     dst = tmp_path / "out"
-    result = runner.invoke(app, ["convert", str(src), str(dst), "--dry-run"])
+    result = cli("convert", src, dst, "--dry-run")
     assert result.exit_code == 2
     assert "needs the source's tokenizer" in result.stderr and "--init keep" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not dst.exists()
 
 
-def test_convert_records_the_distillation_and_changes_only_later_attention(checkpoint, tmp_path):
+@pytest.mark.slow
+def test_convert_records_the_distillation_and_changes_only_later_attention(
+    checkpoint, tmp_path, cli
+):
     src = checkpoint("src", num_attention_heads=8, num_key_value_heads=4, hidden_size=64)
     calib = ["--calib-tokens", "64", "--calib-seq-len", "64", "--quiet"]
     out = {}
     for steps in (0, 20):
         dst = tmp_path / f"steps{steps}"
-        result = runner.invoke(
-            app, ["convert", str(src), str(dst), "--calib-distill-steps", str(steps), *calib]
-        )
+        result = cli("convert", src, dst, "--calib-distill-steps", steps, *calib)
         assert result.exit_code == 0, result.output
         out[steps] = dst
     record = json.loads((out[20] / "skipv1_conversion.json").read_text())["calibration"]
@@ -148,6 +138,7 @@ def test_convert_records_the_distillation_and_changes_only_later_attention(check
     assert model.config.skip_v_heads == 2
 
 
+@pytest.mark.slow
 def test_distillation_lowers_the_kl_it_scores():
     from test_calibrate import mean_transform
 
@@ -156,17 +147,15 @@ def test_distillation_lowers_the_kl_it_scores():
     source = source_model()
     ids = tokens(1, seed=1)  # one sequence: scored on itself, so the KL must fall
     tensors, record = distill_attention(
-        skip_config(source, 0), source.state_dict(), mean_transform(2), ids, 2, steps=20
+        skipv1_config_of(source.config, 0), source.state_dict(), mean_transform(2), ids, 2, steps=20
     )
     assert record["held_out_kl"] < 0.8 * record["held_out_kl_before"], record
     assert all(".self_attn." in n and ".layers.0." not in n for n in tensors)
     assert tensors["model.layers.1.self_attn.v_proj.weight"].shape[0] == (KV - 2) * 8
 
 
-def test_bad_distill_steps_are_refused_before_anything_is_written(checkpoint, tmp_path):
+def test_bad_distill_steps_are_refused_before_anything_is_written(checkpoint, tmp_path, cli):
     src = checkpoint("src")
-    result = runner.invoke(
-        app, ["convert", str(src), str(tmp_path / "out"), "--calib-distill-steps", "-1"]
-    )
+    result = cli("convert", src, tmp_path / "out", "--calib-distill-steps", "-1")
     assert result.exit_code == 2 and "--calib-distill-steps -1" in result.stderr
     assert not (tmp_path / "out").exists()

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_model import random_model, skip_config
+from factories import random_skipv1, small_skipv1_config
+
+pytestmark = pytest.mark.distributed
 
 WORKER = Path(__file__).with_name("tp_worker.py")
 IDS = [[3, 9, 4, 7, 1, 8, 2, 6], [5, 5, 2, 9, 0, 1, 4, 3]]
@@ -22,7 +24,7 @@ IDS = [[3, 9, 4, 7, 1, 8, 2, 6], [5, 5, 2, 9, 0, 1, 4, 3]]
     ids=["gqa-mixed-ranks", "mha-one-rank-borrows-all", "mha-mixed-ranks"],
 )
 def test_tensor_parallel_matches_one_process(tmp_path, heads, kv, s):
-    model = random_model(skip_config(heads=heads, kv=kv, s=s))
+    model = random_skipv1(small_skipv1_config(heads=heads, kv=kv, s=s))
     model.save_pretrained(tmp_path / "model")
     ids = torch.tensor(IDS)
     with torch.no_grad():

@@ -4,24 +4,24 @@ converted on the fly with the default init. Only the sizes are overridden, to ke
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 from skipv1.uptrain.metrics import read_metrics
 
+# the packaged SmolLM2, converted and uptrained by DeepSpeed under torchrun
+pytestmark = [pytest.mark.smollm2, pytest.mark.distributed]
 ROOT = Path(__file__).resolve().parent.parent
-SKIPV1 = str(Path(sys.executable).parent / "skipv1")
 
 
-def test_tiny_cpu_recipe_runs_as_written(tmp_path):
+def test_tiny_cpu_recipe_runs_as_written(tmp_path, cli):
     run = tmp_path / "run"
-    cmd = [
-        SKIPV1,
+    args = [
         "uptrain",
-        str(ROOT / "recipes/tiny-cpu.yaml"),
+        ROOT / "recipes/tiny-cpu.yaml",
         "--run-dir",
-        str(run),
+        run,
         "--nproc",
         "1",
         "--quiet",
@@ -35,9 +35,7 @@ def test_tiny_cpu_recipe_runs_as_written(tmp_path):
     ]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     # a hang guard, generous for a loaded machine (alone it takes a few minutes)
-    result = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=1500, env=env, cwd=tmp_path
-    )
+    result = cli.process(*args, timeout=1500, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((run / "converted" / "skipv1_conversion.json").read_text())
     assert record["init"] == "reconstruct" and record["source"] == "builtin:smollm2"

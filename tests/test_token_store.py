@@ -2,8 +2,6 @@
 when built for something else, and giving the batches the in-memory loader gave."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +38,21 @@ def recipe_file(tmp_path: Path, model_dir: Path, **data) -> Path:
     return path
 
 
-def prepare(recipe: Path, *extra: str) -> dict:
-    cmd = [sys.executable, "-m", "skipv1", "prepare-data", str(recipe), "--json", *extra]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    return {"out": json.loads(run.stdout), "err": run.stderr}
+@pytest.fixture
+def prepare(cli):
+    """prepare(RECIPE, *EXTRA): `python -m skipv1 prepare-data RECIPE --json EXTRA` succeeds;
+    returns its JSON output and stderr."""
+
+    def _prepare(recipe: Path, *extra: str) -> dict:
+        run = cli.process("prepare-data", recipe, "--json", *extra, timeout=300, as_module=True)
+        assert run.returncode == 0, run.stderr
+        return {"out": json.loads(run.stdout), "err": run.stderr}
+
+    return _prepare
 
 
-def test_prepare_data_builds_once_and_a_second_run_reuses_it(tmp_path, tokenizer_dir):
+@pytest.mark.slow  # child processes
+def test_prepare_data_builds_once_and_a_second_run_reuses_it(tmp_path, tokenizer_dir, prepare):
     recipe = recipe_file(tmp_path, tokenizer_dir)
     first = prepare(recipe, "--num-proc", "2")
     store = Path(first["out"]["path"])
@@ -86,8 +91,9 @@ def test_streamed_store_keeps_the_seeded_stream_order_up_to_the_budget(tmp_path,
     assert (np.concatenate([next(batches), next(batches)]) == expected).all()
 
 
+@pytest.mark.slow  # child processes
 def test_an_explicit_store_built_for_another_seq_len_or_tokenizer_is_refused(
-    tmp_path, tokenizer_dir
+    tmp_path, tokenizer_dir, prepare
 ):
     recipe = recipe_file(tmp_path, tokenizer_dir)
     store = prepare(recipe)["out"]["path"]
@@ -111,10 +117,10 @@ def test_a_failed_build_leaves_no_store_and_no_temp_dir(tmp_path, tokenizer_dir)
     assert not cache.exists() or not any(cache.iterdir())
 
 
-def test_prepare_data_bad_input_is_one_line_exit_2(tmp_path, tokenizer_dir):
+@pytest.mark.slow  # child processes
+def test_prepare_data_bad_input_is_one_line_exit_2(tmp_path, tokenizer_dir, cli):
     recipe = recipe_file(tmp_path, tokenizer_dir)
-    cmd = [sys.executable, "-m", "skipv1", "prepare-data", str(recipe), "data.store=/nowhere"]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    run = cli.process("prepare-data", recipe, "data.store=/nowhere", timeout=300, as_module=True)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
         "error: /nowhere is not a complete token store (no readable meta.json): rebuild it with "

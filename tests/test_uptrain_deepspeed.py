@@ -13,15 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from factories import tiny_config, write_corpus
+from factories import SKIPV1, make_skipv1_checkpoint, write_corpus
 
-from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
 from skipv1.checkpoint_info import read_config
 from skipv1.modeling.layout import count_parameters
 from skipv1.uptrain.launch import free_port
 from skipv1.uptrain.metrics import read_metrics
 
-SKIPV1 = str(Path(sys.executable).parent / "skipv1")
+pytestmark = pytest.mark.distributed
 STEPS = 12
 
 
@@ -37,15 +36,7 @@ def eval_ppls(run_dir: Path) -> dict[int, float]:
 def workdir(tmp_path_factory, tokenizer_dir) -> Path:
     """A tiny converted model (s=2 of 4 KV heads), a corpus and a recipe."""
     root = tmp_path_factory.mktemp("uptrain")
-    fields = tiny_config().to_dict()
-    for key in ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype"):
-        fields.pop(key, None)
-    torch.manual_seed(0)
-    SkipV1LlamaForCausalLM(SkipV1LlamaConfig(**fields, skip_v_heads=2)).save_pretrained(
-        root / "model"
-    )
-    for file in Path(tokenizer_dir).iterdir():
-        shutil.copy(file, root / "model" / file.name)
+    make_skipv1_checkpoint(root / "model", skip_v_heads=2, tokenizer_dir=tokenizer_dir)
     corpus = write_corpus(root)
     recipe = {
         "model": {"path": str(root / "model"), "dtype": "float32"},
@@ -113,7 +104,7 @@ def test_zero2_loss_falls_and_metrics_are_complete(zero2_run):
     assert yaml.safe_load((zero2_run / "recipe.yaml").read_text())["optim"]["lr"] == 3e-3
 
 
-def test_zero3_loss_falls_and_export_equals_engine_weights(zero3_run, tmp_path):
+def test_zero3_loss_falls_and_export_equals_engine_weights(zero3_run, tmp_path, cli):
     from transformers import AutoModelForCausalLM
 
     losses = train_losses(zero3_run)
@@ -125,13 +116,9 @@ def test_zero3_loss_falls_and_export_equals_engine_weights(zero3_run, tmp_path):
     config = json.loads((live / "config.json").read_text())
     assert config["model_type"] == "skipv1_llama" and "auto_map" in config
     offline = tmp_path / "offline"  # merged from the ZeRO-3 shards on disk
-    result = subprocess.run(
-        [SKIPV1, "export", str(zero3_run), str(offline)], capture_output=True, text=True
-    )
+    result = cli.process("export", zero3_run, offline)
     assert result.returncode == 0, result.stderr
-    again = subprocess.run(
-        [SKIPV1, "export", str(zero3_run), str(offline)], capture_output=True, text=True
-    )
+    again = cli.process("export", zero3_run, offline)
     assert again.returncode == 2 and "--overwrite" in again.stderr
     a = AutoModelForCausalLM.from_pretrained(live).state_dict()
     b = AutoModelForCausalLM.from_pretrained(offline, trust_remote_code=True).state_dict()
@@ -183,7 +170,7 @@ def test_a_rank_data_error_is_one_line_exit_2(workdir):
     assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
 
 
-def test_source_is_converted_on_the_fly_single_process_zero0(checkpoint, tmp_path, workdir):
+def test_source_is_converted_on_the_fly_single_process_zero0(checkpoint, tmp_path, workdir, cli):
     """model.source -> RUN_DIR/converted through skipv1.convert (with the calibration options
     passed on); one process, no ZeRO."""
     src = checkpoint("src", num_key_value_heads=2)
@@ -201,8 +188,7 @@ def test_source_is_converted_on_the_fly_single_process_zero0(checkpoint, tmp_pat
     recipe["distill"] = {"teacher": "source"}  # the run's own source model
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     run = tmp_path / "run"
-    cmd = [SKIPV1, "uptrain", str(tmp_path / "r.yaml"), "--run-dir", str(run), "--quiet"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    result = cli.process("uptrain", tmp_path / "r.yaml", "--run-dir", run, "--quiet", timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "of the source's pretraining compute" in result.stderr
     converted = json.loads((run / "converted" / "config.json").read_text())
@@ -214,14 +200,15 @@ def test_source_is_converted_on_the_fly_single_process_zero0(checkpoint, tmp_pat
     assert sorted(train_losses(run)) == [1, 2]
     assert all("distill_kl" in r for r in read_metrics(run) if "loss" in r)
     offline = tmp_path / "offline"
-    assert subprocess.run([SKIPV1, "export", str(run), str(offline)]).returncode == 0
+    exported = cli.process("export", run, offline)
+    assert exported.returncode == 0, exported.stderr
     from safetensors.torch import load_file
 
     a, b = load_file(run / "export" / "model.safetensors"), load_file(offline / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_export_refuses_destinations_that_would_destroy_the_run(zero2_run, tmp_path):
+def test_export_refuses_destinations_that_would_destroy_the_run(zero2_run, tmp_path, cli):
     before = sorted(p.name for p in zero2_run.iterdir())
     a_file = tmp_path / "file"
     a_file.write_text("x")
@@ -236,9 +223,7 @@ def test_export_refuses_destinations_that_would_destroy_the_run(zero2_run, tmp_p
         ),
     ]
     for args, message in cases:
-        result = subprocess.run(
-            [SKIPV1, "export", str(zero2_run), *args], capture_output=True, text=True
-        )
+        result = cli.process("export", zero2_run, *args)
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, args
     assert sorted(p.name for p in zero2_run.iterdir()) == before
@@ -254,7 +239,7 @@ class Payload:
         return (Path.touch, (self.marker,))
 
 
-def test_crafted_deepspeed_state_file_is_refused_by_export_and_resume(workdir, zero2_run):
+def test_crafted_deepspeed_state_file_is_refused_by_export_and_resume(workdir, zero2_run, cli):
     crafted = workdir / "crafted"
     shutil.copytree(zero2_run, crafted)
     shutil.rmtree(crafted / "export", ignore_errors=True)
@@ -265,12 +250,7 @@ def test_crafted_deepspeed_state_file_is_refused_by_export_and_resume(workdir, z
     torch.save({**saved, "evil": Payload(marker)}, states)
     env = dict(os.environ, PYTHONWARNINGS="ignore")
 
-    result = subprocess.run(
-        [SKIPV1, "export", str(crafted), str(workdir / "crafted-out")],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    result = cli.process("export", crafted, workdir / "crafted-out", env=env)
     assert result.returncode == 2, result.stderr
     assert "--trust-checkpoint" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not marker.exists() and not (workdir / "crafted-out").exists()

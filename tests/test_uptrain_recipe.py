@@ -1,8 +1,6 @@
 """Recipe schema, schedule, batch order and bad data: fast tests, no process group."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -98,13 +96,10 @@ def test_batch_must_split_over_ranks(tmp_path):
         gradient_accumulation(r, 3)
 
 
-def test_cli_schema_error_is_one_line_exit_2(tmp_path):
+@pytest.mark.slow  # a child process: ~8 s of imports
+def test_cli_schema_error_is_one_line_exit_2(tmp_path, cli):
     recipe = write_recipe(tmp_path / "r.yaml", optim={"lr": "fast"})
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "skipv1"), "uptrain", str(recipe)],
-        capture_output=True,
-        text=True,
-    )
+    result = cli.process("uptrain", recipe)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert lines == ["error: recipe key `optim.lr` must be float, got str 'fast'"]
