@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -8,8 +9,17 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# token stores of this session's runs go to a scratch cache, not ~/.cache
-os.environ.setdefault("SKIPV1_CACHE_DIR", tempfile.mkdtemp(prefix="skipv1-token-store-"))
+# token stores of this session's runs go to a scratch cache, not ~/.cache (removed at the end)
+if "SKIPV1_CACHE_DIR" not in os.environ:
+    SCRATCH_CACHE = os.environ["SKIPV1_CACHE_DIR"] = tempfile.mkdtemp(prefix="skipv1-token-store-")
+else:
+    SCRATCH_CACHE = None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if SCRATCH_CACHE:
+        shutil.rmtree(SCRATCH_CACHE, ignore_errors=True)
+
 
 from factories import SKIPV1, build_tokenizer, make_checkpoint  # noqa: E402
 
