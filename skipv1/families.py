@@ -15,7 +15,8 @@ class Family:
     # A source with an active sliding window: True refuses it, False converts it with the
     # context clamped to the window (exact within it).
     refuse_sliding_window: bool = False
-    # The calibrated inits (calibrated, reconstruct) run Llama layers written out by hand.
+    # The calibrated inits (calibrated, reconstruct) run the family's layers through a forward
+    # written out by hand (calibrate.py, reconstruct.py); False refuses them for the family.
     calibrated_inits: bool = True
 
     @property
@@ -55,7 +56,6 @@ QWEN3 = Family(
     {"Qwen3ForCausalLM": "qwen3"},
     qk_norm=True,
     refuse_sliding_window=True,
-    calibrated_inits=False,
 )
 FAMILIES = (LLAMA, QWEN3)
 

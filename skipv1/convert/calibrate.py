@@ -27,8 +27,8 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from ..errors import SkipV1Error
+from ..modeling import FAMILY_CLASSES
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
-from ..modeling.modeling_skipv1_llama import SkipV1LlamaDecoderLayer
 from ..packing import cut_blocks, token_stream
 from .names import later_attention_projection
 
@@ -140,9 +140,11 @@ def _rotary(config: SkipV1LlamaConfig):
     return LlamaRotaryEmbedding(config)
 
 
-def _load_layer(config: SkipV1LlamaConfig, load: LoadTensors, i: int) -> SkipV1LlamaDecoderLayer:
+def _load_layer(config: SkipV1LlamaConfig, load: LoadTensors, i: int):
+    """Decoder layer i of the source, of the config's family (Llama, Qwen3...)."""
+    causal_lm = FAMILY_CLASSES[config.model_type][1]
     with torch.device("meta"):
-        layer = SkipV1LlamaDecoderLayer(config, i)
+        layer = causal_lm.base_model_class.decoder_layer_class(config, i)
     prefix = f"model.layers.{i}."
     names = [prefix + name for name in layer.state_dict()]
     tensors = load(names)
@@ -157,10 +159,8 @@ def _layer_forward(layer, hidden, cos, sin, stats, first_values):
     attn = layer.self_attn
     batch, length, _ = hidden.shape
     x = layer.input_layernorm(hidden)
-    shape = (batch, length, -1, attn.head_dim)
-    q = attn.q_proj(x).view(shape).transpose(1, 2)
-    k = attn.k_proj(x).view(shape).transpose(1, 2)
-    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    # the family's own projections (Qwen3: q/k RMSNorm per head), before RoPE
+    q, k, v = (t.transpose(1, 2) for t in attn.project(x, (batch, length, -1, attn.head_dim)))
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     scores = q @ repeat_kv(k, attn.num_key_value_groups).transpose(2, 3) * attn.scaling
     causal = torch.ones(length, length, dtype=torch.bool, device=hidden.device).triu(1)
@@ -373,11 +373,13 @@ def calibration_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def source_config(out_config: dict) -> SkipV1LlamaConfig:
-    """The source model as a SkipV1 config with s = 0 (same function, our module classes)."""
+def source_config(out_config: dict):
+    """The source model as a SkipV1 config of its family with s = 0 (same function, our module
+    classes)."""
+    config_class = FAMILY_CLASSES[out_config["model_type"]][0]
     fields = {k: v for k, v in out_config.items() if k not in ("model_type", "auto_map")}
     fields.pop("architectures", None)
-    return SkipV1LlamaConfig(**{**fields, "skip_v_heads": 0})
+    return config_class(**{**fields, "skip_v_heads": 0})
 
 
 def _tokenizer(root, init: str):

@@ -14,9 +14,11 @@ from collections.abc import Callable
 
 import torch
 
+from ..modeling import FAMILY_CLASSES
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 from ..modeling.modeling_skipv1_llama import SkipV1LlamaForCausalLM
 from ..uptrain.distill import distillation_loss
+from .names import later_attention_projection
 
 LR = 1e-4
 WARMUP_STEPS = 10
@@ -71,15 +73,16 @@ def distill_attention(
 
 
 def _later_attention(name: str) -> bool:
-    parts = name.split(".")
-    return ".self_attn." in name and parts[2].isdigit() and int(parts[2]) >= 1
+    """q/k/v/o of layers >= 1: what the plan rewrites (a family's q/k norms stay the source's)."""
+    return later_attention_projection(name) is not None
 
 
 def _model(config, state, transform, skip_heads, device) -> SkipV1LlamaForCausalLM:
     fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "auto_map")}
     fields.pop("architectures", None)
+    config_class, causal_lm = FAMILY_CLASSES[config.model_type]
     with torch.device("meta"):
-        model = SkipV1LlamaForCausalLM(SkipV1LlamaConfig(**{**fields, "skip_v_heads": skip_heads}))
+        model = causal_lm(config_class(**{**fields, "skip_v_heads": skip_heads}))
     # Trained tensors are copied so that training never writes into the caller's tensors.
     weights = {
         name: transform(name, t).float().clone()

@@ -72,13 +72,19 @@ class _Attention:
         self.k = _permuted(attn.k_proj, order, self.d)
         self.v = _permuted(attn.v_proj, order[:own], self.d)
         self.o_weight = _take_heads(attn.o_proj.weight.detach(), queries, self.d, dim=1)
+        # per-head RMSNorm of queries and keys where the family has it (Qwen3): one weight
+        # shared by every head, so the head order does not touch it
+        identity = torch.nn.Identity()
+        self.q_norm = getattr(attn, "q_norm", identity)
+        self.k_norm = getattr(attn, "k_norm", identity)
         self.o_bias = None if attn.o_proj.bias is None else attn.o_proj.bias.detach()
 
     def mixed(self, hidden, cos, sin, borrowed=None):
         """(B, T, H*d): the attention mix o_proj reads; `borrowed` (B, s, T, d) from layer 0."""
         b, t, _ = hidden.shape
         x = self.layer.input_layernorm(hidden)
-        q, k, v = (F.linear(x, *p).view(b, t, -1, self.d).transpose(1, 2) for p in self.qkv)
+        q, k, v = (F.linear(x, *p).view(b, t, -1, self.d) for p in self.qkv)
+        q, k, v = (t_.transpose(1, 2) for t_ in (self.q_norm(q), self.k_norm(k), v))
         if borrowed is not None:
             v = torch.cat([v, borrowed], dim=1)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
@@ -243,7 +249,8 @@ def _probs_and_mix(attn: _Attention, hidden, cos, sin):
     """Attention probabilities (B, H, T, T) and the source's mix (B, H, T, d), all heads own."""
     b, t, _ = hidden.shape
     x = attn.layer.input_layernorm(hidden)
-    q, k = (F.linear(x, *p).view(b, t, -1, attn.d).transpose(1, 2) for p in (attn.q, attn.k))
+    q, k = (F.linear(x, *p).view(b, t, -1, attn.d) for p in (attn.q, attn.k))
+    q, k = attn.q_norm(q).transpose(1, 2), attn.k_norm(k).transpose(1, 2)
     v = F.linear(x, attn.layer.self_attn.v_proj.weight, attn.layer.self_attn.v_proj.bias)
     v = v.view(b, t, -1, attn.d).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, cos, sin)

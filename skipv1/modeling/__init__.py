@@ -7,12 +7,15 @@ from .configuration_skipv1_qwen3 import SkipV1Qwen3Config
 from .modeling_skipv1_llama import SkipV1LlamaForCausalLM, SkipV1LlamaModel
 from .modeling_skipv1_qwen3 import SkipV1Qwen3ForCausalLM, SkipV1Qwen3Model
 
-for _config, _model, _causal_lm in (
-    (SkipV1LlamaConfig, SkipV1LlamaModel, SkipV1LlamaForCausalLM),
-    (SkipV1Qwen3Config, SkipV1Qwen3Model, SkipV1Qwen3ForCausalLM),
-):
+# model_type -> (config, causal LM) class of each family; the base model and decoder layer are
+# `causal_lm.base_model_class` and its `decoder_layer_class`.
+FAMILY_CLASSES = {
+    SkipV1LlamaConfig.model_type: (SkipV1LlamaConfig, SkipV1LlamaForCausalLM),
+    SkipV1Qwen3Config.model_type: (SkipV1Qwen3Config, SkipV1Qwen3ForCausalLM),
+}
+for _config, _causal_lm in FAMILY_CLASSES.values():
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
-    AutoModel.register(_config, _model, exist_ok=True)
+    AutoModel.register(_config, _causal_lm.base_model_class, exist_ok=True)
     AutoModelForCausalLM.register(_config, _causal_lm, exist_ok=True)
 
 __all__ = [
