@@ -1,11 +1,16 @@
 """skipv1.uptrain.export.write_export goes through the atomic-directory helper: a failure in the
 middle of an export leaves the previous export as it was and no temporary directory."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from factories import make_skipv1_checkpoint
 
 from skipv1 import SkipV1LlamaForCausalLM
+from skipv1.atomic_dir import workspace_path
 from skipv1.errors import SkipV1Error
 from skipv1.uptrain.export import write_export
 
@@ -50,3 +55,20 @@ def test_export_streams_weights_into_shards_as_they_fill(tmp_path, tokenizer_dir
     loaded = SkipV1LlamaForCausalLM.from_pretrained(dst)
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_an_export_removes_the_workspace_a_killed_export_left(tmp_path, tokenizer_dir):
+    """A kill -9 mid-export leaves its workspace (510 MB for a real model): the next export to
+    the same DST removes it, as convert does; a live process's workspace is left alone."""
+    model, model_dir, info = saved_model(tmp_path, tokenizer_dir)
+    dst = tmp_path / "exports" / "final"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = workspace_path(dst, dead.pid)
+    (stale / "out").mkdir(parents=True)
+    (stale / "out" / "model.safetensors").write_bytes(b"half written")
+    live = workspace_path(dst, os.getppid())
+    live.mkdir()
+    write_export(model.state_dict(), model_dir, dst, info, "")
+    assert not stale.exists() and live.is_dir()
+    assert SkipV1LlamaForCausalLM.from_pretrained(dst) is not None
