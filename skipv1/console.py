@@ -3,9 +3,11 @@
 
 import errno
 import functools
+import os
 import sys
 from collections.abc import Callable
 
+import click
 import typer
 from rich.console import Console
 from rich.progress import (
@@ -72,6 +74,20 @@ def fail(message: str) -> None:
     print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
 
 
+DEBUG_ENV = "SKIPV1_DEBUG"
+
+
+def _internal_error(err: Exception):
+    if os.environ.get(DEBUG_ENV):
+        raise err
+    first = (str(err).splitlines() or [""])[0][:300]
+    fail(
+        f"internal error: {type(err).__name__}: {first} (rerun with {DEBUG_ENV}=1 for the "
+        "traceback, and please report it)"
+    )
+    raise typer.Exit(1) from None
+
+
 def cli_command(fn: Callable) -> Callable:
     """Turns SkipV1Error into one line and exit 2, Ctrl-C into exit 130, for a typer command."""
 
@@ -79,15 +95,19 @@ def cli_command(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, click.ClickException):
+            raise  # typer's own exits and usage errors
         except SkipV1Error as err:
             fail(str(err))
             raise typer.Exit(err.exit_code) from None
         except OSError as err:
             if err.errno not in DISK_ERRORS:
-                raise
+                return _internal_error(err)
             where = f" ({err.filename})" if err.filename else ""
             fail(f"{DISK_ERRORS[err.errno]}{where}: {DISK_FIX[err.errno]}")
             raise typer.Exit(2) from None
+        except Exception as err:  # a bug of ours: one line and exit 1, the traceback on request
+            return _internal_error(err)
         except KeyboardInterrupt:
             fail("interrupted")
             raise typer.Exit(130) from None

@@ -260,3 +260,24 @@ def test_destination_inside_a_symlink_loop(checkpoint, tmp_path, assert_refused)
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     assert_refused(checkpoint(), tmp_path / "a" / "out", match="lies in a symlink loop")
+
+
+def test_an_internal_error_is_one_line_exit_1_and_its_traceback_is_there_on_request(
+    checkpoint, tmp_path, cli, monkeypatch
+):
+    """A bug of ours (here: the planner raising something that is not a SkipV1Error) is not a
+    traceback either, unless SKIPV1_DEBUG asks for it."""
+    import skipv1.convert.api as api
+
+    def broken_plan(*args, **kwargs):
+        raise KeyError("num_heads")
+
+    monkeypatch.setattr(api, "make_plan", broken_plan)
+    args = ("convert", checkpoint("src"), tmp_path / "dst", "--init", "mean", "--quiet")
+    result = cli(*args)
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: internal error: KeyError: 'num_heads'")
+    assert "SKIPV1_DEBUG=1" in result.stderr and not (tmp_path / "dst").exists()
+    monkeypatch.setenv("SKIPV1_DEBUG", "1")
+    result = cli(*args)
+    assert result.exit_code == 1 and isinstance(result.exception, KeyError)
