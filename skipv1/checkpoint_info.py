@@ -5,7 +5,13 @@ import json
 from pathlib import Path
 
 from .errors import SkipV1Error
-from .families import LLAMA, SKIPV1_ARCHITECTURES, SKIPV1_MODEL_TYPES, SOURCE_ARCHITECTURES
+from .families import (
+    ARCHITECTURE_OF_MODEL_TYPE,
+    LLAMA,
+    SKIPV1_ARCHITECTURES,
+    SKIPV1_MODEL_TYPES,
+    SOURCE_ARCHITECTURES,
+)
 from .modeling.layout import count_parameters, kv_layout
 
 # The Llama family's names, kept for the callers that predate the family table.
@@ -47,7 +53,10 @@ def architecture(config: dict) -> str:
             f"config.json field 'architectures' is {archs!r}: it must be a list of class names "
             'such as ["LlamaForCausalLM"]'
         )
-    return archs[0] if archs else f"<{config.get('model_type', 'unknown')}>"
+    if archs:
+        return archs[0]
+    model_type = config.get("model_type", "unknown")
+    return ARCHITECTURE_OF_MODEL_TYPE.get(model_type, f"<{model_type}>")
 
 
 def _is_int(value) -> bool:

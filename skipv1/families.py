@@ -60,6 +60,12 @@ QWEN3 = Family(
 FAMILIES = (LLAMA, QWEN3)
 
 SOURCE_ARCHITECTURES = {arch: kind for f in FAMILIES for arch, kind in f.sources.items()}
+# A config without `architectures` (older or hand-written ones) is recognised by its model_type,
+# which for every source kind above is transformers' model_type of that class.
+ARCHITECTURE_OF_MODEL_TYPE = {
+    **{kind: arch for arch, kind in SOURCE_ARCHITECTURES.items()},
+    **{f.model_type: f.architecture for f in FAMILIES},
+}
 SKIPV1_ARCHITECTURES = {f.architecture: f for f in FAMILIES}
 SKIPV1_MODEL_TYPES = {f.model_type: f for f in FAMILIES}
 
@@ -70,6 +76,7 @@ def family_of(config: dict) -> Family | None:
         return SKIPV1_MODEL_TYPES[config["model_type"]]
     archs = config.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs else None
+    arch = arch or ARCHITECTURE_OF_MODEL_TYPE.get(config.get("model_type"))
     for family in FAMILIES:
         if arch in family.sources or arch == family.architecture:
             return family

@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from factories import make_checkpoint
+
+from skipv1.checkpoint_info import check_supported
+from skipv1.errors import SkipV1Error
 
 
 @pytest.fixture
@@ -63,6 +67,22 @@ def test_unsupported_architecture_lists_the_supported_ones(checkpoint, tmp_path,
     line = assert_refused(src, tmp_path / "dst", match="unsupported architecture GPT2LMHeadModel")
     for arch in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"):
         assert arch in line
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_a_source_without_architectures_is_recognised_by_model_type(tmp_path, converted, fmt):
+    """Older and hand-written configs lack `architectures` (issue 17): model_type says it."""
+    src = make_checkpoint(tmp_path / "src", fmt=fmt)
+    config = json.loads((src / "config.json").read_text())
+    del config["architectures"]
+    (src / "config.json").write_text(json.dumps(config))
+    dst = converted(src, tmp_path / "dst", "--init", "keep", "--skip-heads", "1")
+    out = json.loads((dst / "config.json").read_text())
+    assert out["architectures"] == ["SkipV1LlamaForCausalLM"] and out["skip_v_heads"] == 1
+    unknown = {k: v for k, v in config.items() if k != "model_type"}
+    (src / "config.json").write_text(json.dumps({**unknown, "model_type": "gpt2"}))
+    with pytest.raises(SkipV1Error, match="unsupported architecture <gpt2>"):
+        check_supported(json.loads((src / "config.json").read_text()))
 
 
 @pytest.mark.slow  # the default init's calibration: over a minute
