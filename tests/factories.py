@@ -3,7 +3,9 @@ saved by transformers, random SkipV1 models, a tiny byte-level BPE tokenizer, a 
 the path of the `skipv1` console script for tests that run it in a child process."""
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -218,3 +220,35 @@ def write_corpus(root: Path, train: int = 60, validation: int = 8) -> Path:
     ):
         (corpus / f"{name}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     return corpus
+
+
+def assert_loads_without_skipv1(
+    model_dir: Path, ids, expected, class_name: str, work: Path
+) -> None:
+    """In a child process where `import skipv1` fails, `trust_remote_code=True` loads the model
+    saved in `model_dir` from its own modeling files and gives `expected` logits for `ids`."""
+    torch.save({"ids": ids, "expected": expected}, work / "expected.pt")
+    script = f"""
+import sys
+sys.modules["skipv1"] = None  # any `import skipv1` now fails
+import torch
+from transformers import AutoModelForCausalLM
+m = AutoModelForCausalLM.from_pretrained({str(model_dir)!r}, trust_remote_code=True).eval()
+assert type(m).__module__.startswith("transformers_modules"), type(m).__module__
+assert type(m).__name__ == {class_name!r}, type(m).__name__
+data = torch.load({str(work / "expected.pt")!r})
+with torch.no_grad():
+    torch.testing.assert_close(m(data["ids"]).logits, data["expected"])
+print("OK")
+"""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        timeout=300,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "OK" in run.stdout

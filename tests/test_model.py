@@ -1,13 +1,17 @@
 """The SkipV1 model family: equivalences, real KV saving, gradients, save/load, validation."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from factories import SHAPES, llama_config_of, random_skipv1, small_skipv1_config, token_ids
+from factories import (
+    SHAPES,
+    assert_loads_without_skipv1,
+    llama_config_of,
+    random_skipv1,
+    small_skipv1_config,
+    token_ids,
+)
 from transformers import (
     AutoModelForCausalLM,
     DynamicCache,
@@ -192,30 +196,9 @@ def test_tied_embeddings_stay_tied(tmp_path):
 def test_remote_code_loads_without_skipv1_importable(tmp_path):
     model = random_skipv1(small_skipv1_config())
     model.save_pretrained(tmp_path)
-    expected = model(token_ids()).logits
-    torch.save(expected, tmp_path / "expected.pt")
-    script = f"""
-import sys
-sys.modules["skipv1"] = None  # any `import skipv1` now fails
-import torch
-from transformers import AutoModelForCausalLM
-m = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval()
-assert type(m).__module__.startswith("transformers_modules"), type(m).__module__
-x = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
-with torch.no_grad():
-    torch.testing.assert_close(m(x).logits, torch.load({str(tmp_path / "expected.pt")!r}))
-print("OK")
-"""
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "OK" in result.stdout
+    with torch.no_grad():
+        expected = model(token_ids()).logits
+    assert_loads_without_skipv1(tmp_path, token_ids(), expected, "SkipV1LlamaForCausalLM", tmp_path)
 
 
 @pytest.mark.parametrize("s", [-1, 4, 5])

@@ -4,10 +4,7 @@ static and paged caches), measured cache bytes == the formula, and `skipv1 conve
 loads with and without skipv1."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +24,7 @@ from skipv1.checkpoint_info import describe
 from skipv1.cli import app
 from skipv1.convert.plan import make_plan
 from skipv1.modeling.layout import KVLayout
-from tests.factories import make_checkpoint, tiny_config
+from tests.factories import assert_loads_without_skipv1, make_checkpoint, tiny_config
 
 VOCAB = 97
 SHAPE = dict(
@@ -272,27 +269,4 @@ def test_convert_keep_loads_with_auto_classes_and_remote_code(qwen3_src, tmp_pat
         model = AutoModelForCausalLM.from_pretrained(dst).eval()
         assert type(model) is SkipV1Qwen3ForCausalLM
         torch.testing.assert_close(model(x).logits, want, rtol=0, atol=0)
-    torch.save(want, tmp_path / "expected.pt")
-    script = f"""
-import sys
-sys.modules["skipv1"] = None  # any `import skipv1` now fails
-import torch
-from transformers import AutoModelForCausalLM
-m = AutoModelForCausalLM.from_pretrained({str(dst)!r}, trust_remote_code=True).eval()
-assert type(m).__module__.startswith("transformers_modules"), type(m).__module__
-assert type(m).__name__ == "SkipV1Qwen3ForCausalLM"
-x = torch.randint(0, {VOCAB}, (2, 12), generator=torch.Generator().manual_seed(1))
-with torch.no_grad():
-    torch.testing.assert_close(m(x).logits, torch.load({str(tmp_path / "expected.pt")!r}))
-print("OK")
-"""
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "OK" in proc.stdout
+    assert_loads_without_skipv1(dst, x, want, "SkipV1Qwen3ForCausalLM", tmp_path)
