@@ -45,9 +45,14 @@ SEEDS = 3
 class Arm:
     label: str
     init: str | None  # `skipv1 convert --init`; None: the source itself; "gqa": pooled GQA
-    distill: bool = False  # distillation from the source (alpha 0.5, T 1)
+    distill: bool = False  # distillation from the source
     gradual: float = 0.0  # model.gradual_fraction
     seeds: int = 1  # data orders (data.seed 2, 3, ...)
+    alpha: float = 0.5  # distill.alpha
+    temperature: float = 1.0  # distill.temperature
+    warmup: float = 0.1  # optim.warmup_fraction (0: no lr re-warming)
+    attention_first: float = 0.0  # optim.attention_first_fraction
+    model_from: str | None = None  # start from this arm's converted checkpoint (same init)
 
 
 ARMS = {
@@ -63,6 +68,22 @@ ARMS = {
         gradual=0.3,
     ),
     "F": Arm("GQA n_kv/2 (mean-pooled K/V, Ainslie)", "gqa"),
+    # the uptraining options of issue 12, each one change from (D) or (E), on D's checkpoint
+    "H": Arm(
+        "D + attention only for the first third",
+        "reconstruct",
+        attention_first=1 / 3,
+        model_from="D",
+    ),
+    "I": Arm("D without lr re-warming (no warmup)", "reconstruct", warmup=0.0, model_from="D"),
+    "J": Arm(
+        "E with alpha 0.9, temperature 2",
+        "reconstruct",
+        distill=True,
+        alpha=0.9,
+        temperature=2.0,
+        model_from="D",
+    ),
 }
 SKIPV1_ARMS = [a for a, spec in ARMS.items() if spec.init not in (None, "gqa")]
 
@@ -186,15 +207,16 @@ def recipe(
     pretrain: bool,
     teacher: Path | None,
     seed: int = 0,
-    gradual: float = 0.0,
+    arm: Arm | None = None,
 ) -> dict:
     """Pretraining and every arm share this; the arms differ only in `model.path`, `distill`,
-    `model.gradual_fraction` and their seed (the data order)."""
+    their `Arm` options and their seed (the data order)."""
+    arm = arm or Arm("pretraining", None)
     t = scale.pretrain_tokens
     steps = 100 * scale.steps_per_pct if pretrain else 15 * scale.steps_per_pct
     blocks = scale.batch_tokens // scale.seq_len
     return {
-        "model": {"path": str(model), "dtype": "float32", "gradual_fraction": gradual},
+        "model": {"path": str(model), "dtype": "float32", "gradual_fraction": arm.gradual},
         "data": {
             "train": str(data / "train.jsonl"),
             "eval": str(data / "valid.jsonl"),
@@ -209,8 +231,9 @@ def recipe(
         },
         "optim": {
             "lr": scale.pretrain_lr if pretrain else scale.arm_lr,
-            "warmup_fraction": 0.05 if pretrain else 0.1,
+            "warmup_fraction": 0.05 if pretrain else arm.warmup,
             "min_lr_ratio": MIN_LR_RATIO,
+            "attention_first_fraction": arm.attention_first,
         },
         "deepspeed": {"zero_stage": 0},
         "eval": {
@@ -219,7 +242,11 @@ def recipe(
         },
         "checkpoint": {"every": 0, "keep_last": 1},
         "log": {"progress": False, "tensorboard": False},
-        "distill": {"teacher": str(teacher) if teacher else None, "alpha": 0.5, "temperature": 1.0},
+        "distill": {
+            "teacher": str(teacher) if teacher else None,
+            "alpha": arm.alpha,
+            "temperature": arm.temperature,
+        },
         "export": pretrain,
     }
 
@@ -254,6 +281,10 @@ def arm_model(arm: str, source: Path, data: Path, scale: Scale, out: Path) -> Pa
     init = ARMS[arm].init
     if init is None:
         return source
+    if ARMS[arm].model_from:
+        return arm_model(
+            ARMS[arm].model_from, source, data, scale, out.parent / ARMS[arm].model_from
+        )
     model = out / "model"
     if (model / "config.json").is_file():
         return model
@@ -349,7 +380,7 @@ def summarize(root: Path, scale: Scale, source: Path) -> dict:
     arms = {}
     for arm, spec in ARMS.items():
         curves = [eval_curve(d / "run", scale) for d in seed_dirs(root, arm)]
-        model = source if spec.init is None else root / arm / "model"
+        model = source if spec.init is None else root / (spec.model_from or arm) / "model"
         mean = [(pts[0][0], sum(p[1] for p in pts) / len(pts)) for pts in zip(*curves, strict=True)]
         arms[arm] = {
             "curves": curves,
@@ -639,7 +670,7 @@ def main() -> None:
                     pretrain=False,
                     teacher=teacher,
                     seed=k,
-                    gradual=spec.gradual,
+                    arm=spec,
                 )
                 uptrain(config, out)
 
