@@ -41,7 +41,7 @@ ARMS = {
     "C": ("SkipV1 --init calibrated", "calibrated", False, 1),
     "D": ("SkipV1 --init reconstruct (default)", "reconstruct", False, 1),
     "E": ("D + distillation from the source (alpha 0.5, T 1)", "reconstruct", True, 1),
-    "F": ("D at 4x the peak lr", "reconstruct", False, 4),
+    "F": ("D at a quarter of the peak lr", "reconstruct", False, 0.25),
 }
 GOAL_PCT = 2.0
 
@@ -207,7 +207,7 @@ cores):
   **{args.tokens:,} tokens** ({args.tokens // BATCH_TOKENS} steps x {BATCH_TOKENS:,} tokens,
   sequences of {SEQ_LEN}) of GCIDE dictionary text (documents of {LINES_PER_DOC} lines from the
   whole dictionary), the same batches in the same order for every arm (`data.seed: 2`); AdamW peak
-  lr {args.lr:g} ((F): 4x that), 10% warmup, cosine to 10%, weight decay 0.1, clip 1.0, fp32, one process
+  lr {args.lr:g} ((F): a quarter of that), 10% warmup, cosine to 10%, weight decay 0.1, clip 1.0, fp32, one process
   (ZeRO-0). That is {args.tokens / PRETRAINING_TOKENS:.1e} of SmolLM2's 2T pretraining tokens.
 - Evaluation: perplexity on the first {args.eval_blocks} blocks of {SEQ_LEN} tokens of the King
   James Bible, 50-line documents taken evenly over the whole book, packed with EOS between
