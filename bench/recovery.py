@@ -52,6 +52,7 @@ class Arm:
     temperature: float = 1.0  # distill.temperature
     warmup: float = 0.1  # optim.warmup_fraction (0: no lr re-warming)
     attention_first: float = 0.0  # optim.attention_first_fraction
+    lr_scale: float = 1.0  # peak lr as a multiple of the scale's arm_lr
     model_from: str | None = None  # start from this arm's converted checkpoint (same init)
 
 
@@ -76,6 +77,7 @@ ARMS = {
         model_from="D",
     ),
     "I": Arm("D without lr re-warming (no warmup)", "reconstruct", warmup=0.0, model_from="D"),
+    "K": Arm("D at twice the peak lr", "reconstruct", lr_scale=2.0, model_from="D"),
     "J": Arm(
         "E with alpha 0.9, temperature 2",
         "reconstruct",
@@ -230,7 +232,7 @@ def recipe(
             "micro_batch_size": min(blocks, max(16, 4096 // scale.seq_len)),
         },
         "optim": {
-            "lr": scale.pretrain_lr if pretrain else scale.arm_lr,
+            "lr": scale.pretrain_lr if pretrain else scale.arm_lr * arm.lr_scale,
             "warmup_fraction": 0.05 if pretrain else arm.warmup,
             "min_lr_ratio": MIN_LR_RATIO,
             "attention_first_fraction": arm.attention_first,
@@ -478,6 +480,18 @@ def _cell(at: dict) -> str:
     return f"{at['mean']:.3f} [{at['min']:.3f}, {at['max']:.3f}]"
 
 
+def paired_rows(s: dict) -> list[str]:
+    """Seed 0 of (D), (E) and the one-change arms at each reported point."""
+    arms = [a for a in ("D", "E", "H", "I", "K", "J") if a in s["arms"]]
+    rows = ["| arm | " + " | ".join(f"{p:g}% of T" for p in POINTS) + " |"]
+    rows.append("|---" * (len(POINTS) + 1) + "|")
+    for arm in arms:
+        curve = s["arms"][arm]["curves"][0]
+        cells = " | ".join(f"{ppl_at(curve, p):.3f}" for p in POINTS)
+        rows.append(f"| ({arm}) {ARMS[arm].label} | {cells} |")
+    return rows
+
+
 def write_report(s: dict, args, scale: Scale, work: Path, out: Path, command: str) -> None:
     from skipv1.checkpoint_info import read_config
     from skipv1.modeling.layout import count_parameters
@@ -567,6 +581,12 @@ started under `nice`):
   layer's own source values to layer 0's over the first 30% of the steps (4.5% of T; its
   "reaches" column counts from there, when the model is a SkipV1 model). GQA: K and V heads
   mean-pooled in adjacent pairs (`skipv1.convert.gqa`), a plain Llama checkpoint.
+- Uptraining options (issue 12, item 1), one change each from (D), or from (E) for (J), on D's
+  converted checkpoint, one seed: (H) only the attention modules train for the first third of
+  the steps (`optim.attention_first_fraction: 0.333`, the rest held at lr 0); (I) no lr
+  re-warming (`optim.warmup_fraction: 0`: the arm starts at its peak lr); (K) twice the peak
+  lr; (J) distillation alpha 0.9, temperature 2. Seed 0 of every arm sees the same batches, so
+  the paired table below compares them with seed 0 of (D) and (E).
 - Compute column: training FLOPs of the arm's 15% of T (6 x its parameters x tokens, plus
   2 x the teacher's parameters x tokens with distillation) as a share of the source's
   pretraining FLOPs. KV bytes/token: the formula of docs/design.md at 2 bytes per value.
@@ -581,6 +601,10 @@ Source validation perplexity: **{s["source_ppl"]:.3f}**. Cells: mean of the seed
 {chr(10).join(rows)}
 
 ![recovery curves]({report_stem(args)}.png)
+
+## Uptraining options, paired on seed 0 (validation perplexity)
+
+{chr(10).join(paired_rows(s))}
 
 ## Goals (issue 12)
 
