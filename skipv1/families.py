@@ -18,6 +18,8 @@ class Family:
     # The calibrated inits (calibrated, reconstruct) run the family's layers through a forward
     # written out by hand (calibrate.py, reconstruct.py); False refuses them for the family.
     calibrated_inits: bool = True
+    # q/k/v in one tensor per layer: where the value rows sit is convert/fused.py's layout
+    fused_qkv: bool = False
 
     @property
     def model_type(self) -> str:
@@ -57,7 +59,16 @@ QWEN3 = Family(
     qk_norm=True,
     refuse_sliding_window=True,
 )
-FAMILIES = (LLAMA, QWEN3)
+PHI3 = Family("phi3", "Phi3", {"Phi3ForCausalLM": "phi3"}, fused_qkv=True)
+# LayerNorms, parallel residual, partial rotary: the calibrated inits' Llama forward does not fit
+GPT_NEOX = Family(
+    "gpt_neox",
+    "GPTNeoX",
+    {"GPTNeoXForCausalLM": "gpt_neox"},
+    calibrated_inits=False,
+    fused_qkv=True,
+)
+FAMILIES = (LLAMA, QWEN3, PHI3, GPT_NEOX)
 
 SOURCE_ARCHITECTURES = {arch: kind for f in FAMILIES for arch, kind in f.sources.items()}
 # A config without `architectures` (older or hand-written ones) is recognised by its model_type,

@@ -11,10 +11,14 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -27,6 +31,8 @@ ARCHS = {
     "mistral": (MistralConfig, MistralForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "phi3": (Phi3Config, Phi3ForCausalLM),
+    "gpt_neox": (GPTNeoXConfig, GPTNeoXForCausalLM),
 }
 EOS = "<|endoftext|>"
 # The console script of this environment, for tests that need a real child process (exit codes,
@@ -76,6 +82,8 @@ def tiny_config(arch: str = "llama", **overrides):
         fields["sliding_window"] = None
     if arch == "qwen3":
         fields["head_dim"] = 16  # Qwen3Config's default is 128
+    if arch == "gpt_neox":
+        del fields["num_key_value_heads"]  # multi-head only
     fields.update(overrides)
     return config_cls(**fields)
 

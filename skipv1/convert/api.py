@@ -318,7 +318,7 @@ def converted_tensors(
         if calibration is not None and plan.tasks[name].action in (REWRITE_V, CALIBRATE):
             tensor = calibration.transform(name, tensor)
         elif plan.tasks[name].action == REWRITE_V:
-            tensor = plan.init_method.value_rows(tensor, plan.source.num_kv_heads, plan.skip_heads)
+            tensor = plan.rewrite_values(name, tensor)
         target = prepared.target_dtype[name]
         yield name, tensor if tensor.dtype == target else tensor.to(target)
 
@@ -367,7 +367,7 @@ def summarize(
     source: Source, dst: Path, prepared: Prepared, options: ConvertOptions, dry_run: bool
 ) -> dict:
     plan, source_model = prepared.plan, prepared.plan.source
-    v0 = "model.layers.0.self_attn.v_proj.weight"
+    v0 = source_model.value_tensor(0)
     kv_dtype = prepared.target_dtype.get(v0, torch.bfloat16)
     before = source_model.kv.bytes_per_token(kv_dtype.itemsize)
     after = plan.kv_after.bytes_per_token(kv_dtype.itemsize)

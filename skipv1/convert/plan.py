@@ -8,6 +8,7 @@ from ..checkpoint_info import SOURCE_ARCHITECTURES, architecture, default_skip_h
 from ..errors import SkipV1Error
 from ..families import LLAMA, Family, family_of
 from ..modeling.layout import KVLayout, kv_layout
+from . import fused
 from .inits import DEFAULT_INIT, Init, get_init
 from .names import later_attention_projection
 
@@ -43,8 +44,9 @@ class SourceModel:
         arch = architecture(config)
         layout = kv_layout(config)
         qwen2 = SOURCE_ARCHITECTURES.get(arch) == "qwen2"
-        attention_bias = bool(config.get("attention_bias", False))
         family = family_of(config) or LLAMA
+        qkv = fused.layout_of(family)
+        attention_bias = bool(config.get("attention_bias", qkv.default_bias if qkv else False))
         return cls(
             architecture=arch,
             family=family,
@@ -97,10 +99,18 @@ class SourceModel:
             shapes[p + "post_attention_layernorm.weight"] = (h,)
         shapes["model.norm.weight"] = (h,)
         shapes["lm_head.weight"] = (self.vocab, h)
-        return shapes
+        layout = fused.layout_of(self.family)
+        return layout.shapes(shapes, self) if layout else shapes
 
     def optional_tensors(self) -> set[str]:
         return {"lm_head.weight"} if self.tied else set()
+
+    def value_tensor(self, layer: int) -> str:
+        """The tensor that holds a layer's value rows (a fused one in some families)."""
+        layout = fused.layout_of(self.family)
+        if layout is None:
+            return f"model.layers.{layer}.self_attn.v_proj.weight"
+        return f"{layout.prefix}{layer}.{layout.value_tensors[0]}"
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,16 @@ class ConversionPlan:
     def changed(self) -> list[TensorTask]:
         return [t for t in self.tasks.values() if t.action != COPY]
 
+    def rewrite_values(self, name: str, tensor):
+        """A REWRITE_V tensor with its value rows made by the init (the rest of a fused
+        tensor kept)."""
+        n_kv, s = self.source.num_kv_heads, self.skip_heads
+        layout = fused.layout_of(self.source.family)
+        if layout is None:
+            return self.init_method.value_rows(tensor, n_kv, s)
+        own_rows = lambda v: self.init_method.value_rows(v, n_kv, s)  # noqa: E731
+        return fused.rewrite_values(layout, self.source, tensor, own_rows)
+
 
 def make_plan(
     config: dict, skip_heads: int | None = None, init: str = DEFAULT_INIT
@@ -157,11 +177,21 @@ def make_plan(
             f"--init {init} is not available for {source.architecture} sources yet (its "
             "calibration runs Llama layers): pass --init keep or --init mean"
         )
+    blocker = fused.calibration_blocker(source.family, config)
+    if method.calibrated and s and blocker:
+        raise SkipV1Error(
+            f"--init {init} is not available for this {source.architecture} source: "
+            f"{blocker}; pass --init keep or --init mean"
+        )
+    layout = fused.layout_of(source.family)
     tasks = {}
     for name, shape in source.expected_shapes().items():
         projection = later_attention_projection(name) if s else None
         if projection == "v_proj":
             target = ((n_kv - s) * source.head_dim, *shape[1:])
+            tasks[name] = TensorTask(name, REWRITE_V, shape, target)
+        elif s and layout and fused.later_value_layer(layout, name):
+            target = fused.target_shape(layout, source, s, shape)
             tasks[name] = TensorTask(name, REWRITE_V, shape, target)
         elif s and method.rewrites(name):
             tasks[name] = TensorTask(name, CALIBRATE, shape, shape)
