@@ -20,6 +20,8 @@ class Family:
     calibrated_inits: bool = True
     # q/k/v in one tensor per layer: where the value rows sit is convert/fused.py's layout
     fused_qkv: bool = False
+    # (standard name, the family's name) of config.json fields (GPT-2's n_embd is hidden_size)
+    config_aliases: tuple[tuple[str, str], ...] = ()
 
     @property
     def model_type(self) -> str:
@@ -68,7 +70,21 @@ GPT_NEOX = Family(
     calibrated_inits=False,
     fused_qkv=True,
 )
-FAMILIES = (LLAMA, QWEN3, PHI3, GPT_NEOX)
+GPT2 = Family(
+    "gpt2",
+    "GPT2",
+    {"GPT2LMHeadModel": "gpt2"},
+    calibrated_inits=False,
+    fused_qkv=True,
+    config_aliases=(
+        ("hidden_size", "n_embd"),
+        ("num_attention_heads", "n_head"),
+        ("num_hidden_layers", "n_layer"),
+        ("max_position_embeddings", "n_positions"),
+        ("intermediate_size", "n_inner"),
+    ),
+)
+FAMILIES = (LLAMA, QWEN3, PHI3, GPT_NEOX, GPT2)
 
 SOURCE_ARCHITECTURES = {arch: kind for f in FAMILIES for arch, kind in f.sources.items()}
 # A config without `architectures` (older or hand-written ones) is recognised by its model_type,
@@ -92,3 +108,18 @@ def family_of(config: dict) -> Family | None:
         if arch in family.sources or arch == family.architecture:
             return family
     return None
+
+
+def standard_fields(config: dict) -> dict:
+    """config.json with the standard field names (hidden_size, ...) that every module reads,
+    filled in from the family's own names (GPT-2's n_embd, ...) where it has others."""
+    family = family_of(config)
+    if family is None or not family.config_aliases:
+        return config
+    out = dict(config)
+    for standard, own in family.config_aliases:
+        if out.get(standard) is None and own in out:
+            out[standard] = out[own]
+    if family.name == "gpt2" and out.get("intermediate_size") is None and "hidden_size" in out:
+        out["intermediate_size"] = 4 * out["hidden_size"]  # GPT-2's n_inner=None
+    return out

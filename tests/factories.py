@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
     GPTNeoXConfig,
     GPTNeoXForCausalLM,
     LlamaConfig,
@@ -33,6 +35,7 @@ ARCHS = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "phi3": (Phi3Config, Phi3ForCausalLM),
     "gpt_neox": (GPTNeoXConfig, GPTNeoXForCausalLM),
+    "gpt2": (GPT2Config, GPT2LMHeadModel),
 }
 EOS = "<|endoftext|>"
 # The console script of this environment, for tests that need a real child process (exit codes,
@@ -82,8 +85,10 @@ def tiny_config(arch: str = "llama", **overrides):
         fields["sliding_window"] = None
     if arch == "qwen3":
         fields["head_dim"] = 16  # Qwen3Config's default is 128
-    if arch == "gpt_neox":
+    if arch in ("gpt_neox", "gpt2"):
         del fields["num_key_value_heads"]  # multi-head only
+    if arch == "gpt2":
+        fields["n_inner"] = fields.pop("intermediate_size")
     fields.update(overrides)
     return config_cls(**fields)
 

@@ -25,6 +25,7 @@ class Phi3Layout:
     """Phi-3: `qkv_proj` rows [q: heads*d | k: kv*d | v: kv*d], `gate_up_proj` rows [gate | up]."""
 
     default_bias = False
+    default_tied = False
     describe = "[q | k | v]: all query rows, then all key rows, then the own value rows"
     prefix = "model.layers."
     value_tensors = ("self_attn.qkv_proj.weight",)
@@ -38,6 +39,9 @@ class Phi3Layout:
 
     def fused_rows(self, h: Heads, own: int) -> int:
         return (h.heads + h.kv + own) * h.d
+
+    def target_shape(self, shape: tuple[int, ...], rows: int) -> tuple[int, ...]:
+        return (rows, *shape[1:])
 
     def shapes(self, unfused: dict[str, tuple[int, ...]], src) -> dict[str, tuple[int, ...]]:
         """The Llama layout's shapes (plan.SourceModel) with Phi-3's two fused pairs."""
@@ -64,6 +68,7 @@ class GPTNeoXLayout:
     [q_h k_h v_h] for its own heads h < own, then [q_h k_h] for the borrowed ones."""
 
     default_bias = True  # GPTNeoXConfig.attention_bias
+    default_tied = False
     describe = (
         "per head [q_h | k_h | v_h] for the own value heads h < v_heads, then [q_h | k_h] "
         "for the others"
@@ -90,6 +95,9 @@ class GPTNeoXLayout:
     def fused_rows(self, h: Heads, own: int) -> int:
         return (2 * h.heads + own) * h.d
 
+    def target_shape(self, shape: tuple[int, ...], rows: int) -> tuple[int, ...]:
+        return (rows, *shape[1:])
+
     def shapes(self, unfused, src) -> dict[str, tuple[int, ...]]:
         hidden, inter, bias = src.hidden, src.intermediate, src.qkv_bias
         rows = self.fused_rows(Heads(src.heads, src.num_kv_heads, src.head_dim), src.num_kv_heads)
@@ -114,7 +122,56 @@ class GPTNeoXLayout:
         return shapes
 
 
-LAYOUTS = {"phi3": Phi3Layout(), "gpt_neox": GPTNeoXLayout()}
+class GPT2Layout(Phi3Layout):
+    """GPT-2: Conv1D `c_attn` with weight [in, out] (transposed against a Linear) and bias [out];
+    the output columns are [q | k | v] as Phi-3's rows. Tied embeddings by default."""
+
+    default_bias = True
+    default_tied = True
+    prefix = "transformer.h."
+    value_tensors = ("attn.c_attn.weight", "attn.c_attn.bias")
+    describe = (
+        "[q | k | v] along the output dimension (dim 1 of the Conv1D weight [in, out]): all "
+        "query columns, then all key columns, then the own value columns"
+    )
+
+    def split(self, tensor: torch.Tensor, h: Heads, own: int | None = None):
+        rows = tensor.T if tensor.dim() == 2 else tensor  # the init reads rows, as of a Linear
+        return super().split(rows, h, own)
+
+    def join(self, q, k, v, h: Heads) -> torch.Tensor:
+        rows = torch.cat([q, k, v], dim=0)
+        return (rows.T if rows.dim() == 2 else rows).contiguous()
+
+    def target_shape(self, shape: tuple[int, ...], rows: int) -> tuple[int, ...]:
+        return (shape[0], rows) if len(shape) == 2 else (rows,)
+
+    def shapes(self, unfused, src) -> dict[str, tuple[int, ...]]:
+        hidden, inter = src.hidden, src.intermediate
+        rows = self.fused_rows(Heads(src.heads, src.num_kv_heads, src.head_dim), src.num_kv_heads)
+        shapes = {
+            "transformer.wte.weight": (src.vocab, hidden),
+            "transformer.wpe.weight": (src.positions, hidden),
+        }
+        for i in range(src.num_layers):
+            p = f"{self.prefix}{i}."
+            for norm in ("ln_1", "ln_2"):
+                shapes[f"{p}{norm}.weight"] = shapes[f"{p}{norm}.bias"] = (hidden,)
+            conv1d = {
+                "attn.c_attn": (hidden, rows),
+                "attn.c_proj": (hidden, hidden),
+                "mlp.c_fc": (hidden, inter),
+                "mlp.c_proj": (inter, hidden),
+            }
+            for name, shape in conv1d.items():
+                shapes[f"{p}{name}.weight"] = shape
+                shapes[f"{p}{name}.bias"] = shape[1:]
+        shapes["transformer.ln_f.weight"] = shapes["transformer.ln_f.bias"] = (hidden,)
+        shapes["lm_head.weight"] = (src.vocab, hidden)
+        return shapes
+
+
+LAYOUTS = {"phi3": Phi3Layout(), "gpt_neox": GPTNeoXLayout(), "gpt2": GPT2Layout()}
 
 
 def layout_of(family):
@@ -148,7 +205,7 @@ def split_record(layout, src, skip_heads: int) -> dict:
 
 def target_shape(layout, src, skip_heads: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     h = Heads(src.heads, src.num_kv_heads, src.head_dim)
-    return (layout.fused_rows(h, src.num_kv_heads - skip_heads), *shape[1:])
+    return layout.target_shape(shape, layout.fused_rows(h, src.num_kv_heads - skip_heads))
 
 
 def rewrite_values(layout, src, tensor: torch.Tensor, value_rows) -> torch.Tensor:

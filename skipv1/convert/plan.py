@@ -38,6 +38,7 @@ class SourceModel:
     mlp_bias: bool
     tied: bool
     qk_norm: bool = False  # q_norm / k_norm weights of shape (head_dim,) in every layer
+    positions: int = 0  # max_position_embeddings (learned position embeddings: GPT-2)
 
     @classmethod
     def from_config(cls, config: dict) -> "SourceModel":
@@ -61,7 +62,8 @@ class SourceModel:
             qkv_bias=qwen2 or attention_bias,
             o_bias=False if qwen2 else attention_bias,
             mlp_bias=bool(config.get("mlp_bias", False)),
-            tied=bool(config.get("tie_word_embeddings", False)),
+            tied=bool(config.get("tie_word_embeddings", qkv.default_tied if qkv else False)),
+            positions=config.get("max_position_embeddings", 0),
             qk_norm=family.qk_norm,
         )
 

@@ -172,7 +172,7 @@ class SkipV1AttentionMixin:
     tp_rank, tp_size = 0, 1  # set by TPValueHeads under tensor parallelism
 
     def __init__(self, config, layer_idx: int):
-        super().__init__(config, layer_idx)
+        super().__init__(config, layer_idx=layer_idx)  # by name: GPT-2's second is another
         self.own_value_heads = config.own_value_heads(layer_idx)
         self.size_projections(config)
         # Set only while uptraining with gradual conversion (skipv1.uptrain.gradual): maps
