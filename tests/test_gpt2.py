@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, DynamicCache, GPT2Config, GPT2LMHeadModel
 
 from skipv1 import SkipV1GPT2Config, SkipV1GPT2ForCausalLM
@@ -154,3 +155,24 @@ def test_inspect_reads_gpt2_field_names(gpt2_src):
     skip = SkipV1GPT2ForCausalLM(SkipV1GPT2Config(**source.config.to_dict(), skip_v_heads=2))
     assert info["parameters_skipv1"] == sum(p.numel() for p in skip.parameters())
     assert info["kv_bytes_per_token_skipv1_bf16"] == KVLayout(3, 4, 16, 2).bytes_per_token(2)
+
+
+def test_convert_reads_the_hubs_original_gpt2_layout(gpt2_src, tmp_path, cli):
+    """The Hub's original GPT-2 checkpoints name tensors without `transformer.` and store each
+    layer's causal mask (`h.{i}.attn.bias`): the masks are dropped, the names kept."""
+    state = load_file(gpt2_src / "model.safetensors")
+    state = {k.removeprefix("transformer."): v for k, v in state.items()}
+    for i in range(3):
+        state[f"h.{i}.attn.bias"] = torch.ones(1, 1, 256, 256).tril()
+    (gpt2_src / "model.safetensors").unlink()
+    save_file(state, gpt2_src / "model.safetensors", metadata={"format": "pt"})
+    dst = tmp_path / "dst"
+    result = cli("convert", gpt2_src, dst, "--init", "keep", "--skip-heads", "2")
+    assert result.exit_code == 0, result.output
+    assert "dropped 3 recomputed buffer(s)" in result.output
+    written = load_file(dst / "model.safetensors")
+    assert written["h.1.attn.c_attn.weight"].shape == (64, 160)
+    assert torch.equal(written["h.1.attn.c_attn.weight"], state["h.1.attn.c_attn.weight"][:, :160])
+    assert not any(name.endswith(".attn.bias") for name in written)
+    model = AutoModelForCausalLM.from_pretrained(dst).eval()
+    assert torch.equal(model.transformer.h[1].attn.c_attn.weight, written["h.1.attn.c_attn.weight"])

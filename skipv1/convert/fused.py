@@ -128,7 +128,11 @@ class GPT2Layout(Phi3Layout):
 
     default_bias = True
     default_tied = True
-    prefix = "transformer.h."
+
+    def __init__(self, base: str = "transformer."):
+        # the Hub's original GPT-2 checkpoints name their tensors without `transformer.`
+        self.base, self.prefix = base, f"{base}h."
+
     value_tensors = ("attn.c_attn.weight", "attn.c_attn.bias")
     describe = (
         "[q | k | v] along the output dimension (dim 1 of the Conv1D weight [in, out]): all "
@@ -150,8 +154,8 @@ class GPT2Layout(Phi3Layout):
         hidden, inter = src.hidden, src.intermediate
         rows = self.fused_rows(Heads(src.heads, src.num_kv_heads, src.head_dim), src.num_kv_heads)
         shapes = {
-            "transformer.wte.weight": (src.vocab, hidden),
-            "transformer.wpe.weight": (src.positions, hidden),
+            f"{self.base}wte.weight": (src.vocab, hidden),
+            f"{self.base}wpe.weight": (src.positions, hidden),
         }
         for i in range(src.num_layers):
             p = f"{self.prefix}{i}."
@@ -166,7 +170,7 @@ class GPT2Layout(Phi3Layout):
             for name, shape in conv1d.items():
                 shapes[f"{p}{name}.weight"] = shape
                 shapes[f"{p}{name}.bias"] = shape[1:]
-        shapes["transformer.ln_f.weight"] = shapes["transformer.ln_f.bias"] = (hidden,)
+        shapes[f"{self.base}ln_f.weight"] = shapes[f"{self.base}ln_f.bias"] = (hidden,)
         shapes["lm_head.weight"] = (src.vocab, hidden)
         return shapes
 
@@ -174,9 +178,18 @@ class GPT2Layout(Phi3Layout):
 LAYOUTS = {"phi3": Phi3Layout(), "gpt_neox": GPTNeoXLayout(), "gpt2": GPT2Layout()}
 
 
-def layout_of(family):
-    """The fused layout of a family (None: q/k/v are separate tensors)."""
-    return LAYOUTS.get(family.name)
+BARE_GPT2 = GPT2Layout(base="")
+
+
+def layout_of(family, bare: bool = False):
+    """The fused layout of a family (None: q/k/v are separate tensors); `bare`: a GPT-2
+    checkpoint whose names lack the `transformer.` prefix."""
+    return BARE_GPT2 if bare and family.name == "gpt2" else LAYOUTS.get(family.name)
+
+
+def has_bare_names(family, names) -> bool:
+    """A GPT-2 checkpoint as the Hub's original ones: `wte.weight`, `h.0.attn.c_attn.weight`."""
+    return family.name == "gpt2" and "wte.weight" in names and "transformer.wte.weight" not in names
 
 
 def later_value_layer(layout, name: str) -> int | None:

@@ -16,8 +16,8 @@ COPY = "copy"
 REWRITE_V = "rewrite_v"
 # Tensors an init rewrites in place (Init.rewrites: calibrated inits refit q/k/o, down_proj).
 CALIBRATE = "calibrate"
-# Buffers some old checkpoints saved; the model recomputes them.
-DROPPABLE_SUFFIXES = (".rotary_emb.inv_freq",)
+# Buffers some old checkpoints saved; the model recomputes them (GPT-2's causal masks too).
+DROPPABLE_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,10 @@ class SourceModel:
     tied: bool
     qk_norm: bool = False  # q_norm / k_norm weights of shape (head_dim,) in every layer
     positions: int = 0  # max_position_embeddings (learned position embeddings: GPT-2)
+    bare_names: bool = False  # GPT-2 names without `transformer.` (fused.has_bare_names)
 
     @classmethod
-    def from_config(cls, config: dict) -> "SourceModel":
+    def from_config(cls, config: dict, bare_names: bool = False) -> "SourceModel":
         arch = architecture(config)
         layout = kv_layout(config)
         qwen2 = SOURCE_ARCHITECTURES.get(arch) == "qwen2"
@@ -64,8 +65,14 @@ class SourceModel:
             mlp_bias=bool(config.get("mlp_bias", False)),
             tied=bool(config.get("tie_word_embeddings", qkv.default_tied if qkv else False)),
             positions=config.get("max_position_embeddings", 0),
+            bare_names=bare_names,
             qk_norm=family.qk_norm,
         )
+
+    @property
+    def qkv_layout(self):
+        """Where a fused q/k/v tensor keeps the value rows (None: separate tensors)."""
+        return fused.layout_of(self.family, self.bare_names)
 
     @property
     def kv(self) -> KVLayout:
@@ -101,7 +108,7 @@ class SourceModel:
             shapes[p + "post_attention_layernorm.weight"] = (h,)
         shapes["model.norm.weight"] = (h,)
         shapes["lm_head.weight"] = (self.vocab, h)
-        layout = fused.layout_of(self.family)
+        layout = self.qkv_layout
         return layout.shapes(shapes, self) if layout else shapes
 
     def optional_tensors(self) -> set[str]:
@@ -109,7 +116,7 @@ class SourceModel:
 
     def value_tensor(self, layer: int) -> str:
         """The tensor that holds a layer's value rows (a fused one in some families)."""
-        layout = fused.layout_of(self.family)
+        layout = self.qkv_layout
         if layout is None:
             return f"model.layers.{layer}.self_attn.v_proj.weight"
         return f"{layout.prefix}{layer}.{layout.value_tensors[0]}"
@@ -154,7 +161,7 @@ class ConversionPlan:
         """A REWRITE_V tensor with its value rows made by the init (the rest of a fused
         tensor kept)."""
         n_kv, s = self.source.num_kv_heads, self.skip_heads
-        layout = fused.layout_of(self.source.family)
+        layout = self.source.qkv_layout
         if layout is None:
             return self.init_method.value_rows(tensor, n_kv, s)
         own_rows = lambda v: self.init_method.value_rows(v, n_kv, s)  # noqa: E731
@@ -162,10 +169,14 @@ class ConversionPlan:
 
 
 def make_plan(
-    config: dict, skip_heads: int | None = None, init: str = DEFAULT_INIT
+    config: dict,
+    skip_heads: int | None = None,
+    init: str = DEFAULT_INIT,
+    bare_names: bool = False,
 ) -> ConversionPlan:
-    """The plan for a source config; raises SkipV1Error for options the config cannot take."""
-    source = SourceModel.from_config(config)
+    """The plan for a source config; raises SkipV1Error for options the config cannot take.
+    `bare_names`: a GPT-2 checkpoint whose tensor names lack `transformer.`."""
+    source = SourceModel.from_config(config, bare_names)
     n_kv = source.num_kv_heads
     s = default_skip_heads(n_kv) if skip_heads is None else skip_heads
     if not 0 <= s < n_kv:
@@ -185,7 +196,7 @@ def make_plan(
             f"--init {init} is not available for this {source.architecture} source: "
             f"{blocker}; pass --init keep or --init mean"
         )
-    layout = fused.layout_of(source.family)
+    layout = source.qkv_layout
     tasks = {}
     for name, shape in source.expected_shapes().items():
         projection = later_attention_projection(name) if s else None
