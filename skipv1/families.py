@@ -102,7 +102,7 @@ def family_of(config: dict) -> Family | None:
     if config.get("model_type") in SKIPV1_MODEL_TYPES:
         return SKIPV1_MODEL_TYPES[config["model_type"]]
     archs = config.get("architectures") or []
-    arch = archs[0] if isinstance(archs, list) and archs else None
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     arch = arch or ARCHITECTURE_OF_MODEL_TYPE.get(config.get("model_type"))
     for family in FAMILIES:
         if arch in family.sources or arch == family.architecture:
