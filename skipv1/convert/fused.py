@@ -1,7 +1,8 @@
 """Families whose checkpoints fuse q/k/v into one tensor: their tensor names and shapes, where the
 value rows sit inside the fused tensor, and how a later layer's tensor is rebuilt around the
 init's own value rows. The modeling files read the same split from the family's config
-(`value_projection`): Phi-3 `[q | k | v]` (`qkv_rows`), GPT-NeoX per head `[q_h k_h v_h]`.
+(`value_projection`): Phi-3 `[q | k | v]` (`qkv_rows`), GPT-NeoX per head `[q_h k_h v_h]`,
+GPT-2 `[q | k | v]` along the output columns of a Conv1D weight `[in, out]`.
 
 Phi-3 is a Llama with fused projections, so the calibrated inits run it as one: `LlamaView` shows
 its tensors unfused (q/k/v_proj, gate/up_proj) to the calibration pass and fuses what it returns.
@@ -30,9 +31,9 @@ class Phi3Layout:
     prefix = "model.layers."
     value_tensors = ("self_attn.qkv_proj.weight",)
 
-    def split(self, tensor: torch.Tensor, h: Heads, own: int | None = None):
-        v_rows = (h.kv if own is None else own) * h.d
-        return tensor.split([h.heads * h.d, h.kv * h.d, v_rows], dim=0)
+    def split(self, tensor: torch.Tensor, h: Heads):
+        """(q, k, v) rows of a source tensor (every value head)."""
+        return tensor.split([h.heads * h.d, h.kv * h.d, h.kv * h.d], dim=0)
 
     def join(self, q, k, v, h: Heads) -> torch.Tensor:
         return torch.cat([q, k, v], dim=0).contiguous()
@@ -76,14 +77,10 @@ class GPTNeoXLayout:
     prefix = "gpt_neox.layers."
     value_tensors = ("attention.query_key_value.weight", "attention.query_key_value.bias")
 
-    def split(self, tensor: torch.Tensor, h: Heads, own: int | None = None):
-        own = h.heads if own is None else own
+    def split(self, tensor: torch.Tensor, h: Heads):
         rest = tensor.shape[1:]
-        full = tensor[: own * 3 * h.d].reshape(own, 3, h.d, *rest)
-        part = tensor[own * 3 * h.d :].reshape(h.heads - own, 2, h.d, *rest)
-        q = torch.cat([full[:, 0], part[:, 0]]).reshape(-1, *rest)
-        k = torch.cat([full[:, 1], part[:, 1]]).reshape(-1, *rest)
-        return q, k, full[:, 2].reshape(-1, *rest)
+        heads = tensor.reshape(h.heads, 3, h.d, *rest)
+        return tuple(heads[:, n].reshape(-1, *rest) for n in range(3))
 
     def join(self, q, k, v, h: Heads) -> torch.Tensor:
         own, rest = v.shape[0] // h.d, q.shape[1:]
@@ -139,9 +136,9 @@ class GPT2Layout(Phi3Layout):
         "query columns, then all key columns, then the own value columns"
     )
 
-    def split(self, tensor: torch.Tensor, h: Heads, own: int | None = None):
+    def split(self, tensor: torch.Tensor, h: Heads):
         rows = tensor.T if tensor.dim() == 2 else tensor  # the init reads rows, as of a Linear
-        return super().split(rows, h, own)
+        return super().split(rows, h)
 
     def join(self, q, k, v, h: Heads) -> torch.Tensor:
         rows = torch.cat([q, k, v], dim=0)
@@ -263,6 +260,7 @@ class LlamaView:
 
     @staticmethod
     def config(out_config: dict):
+        """The Llama (s = 0) the calibration pass builds, from the converted config's fields."""
         from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 
         drop = ("model_type", "auto_map", "architectures", "skip_v_heads")
@@ -270,30 +268,36 @@ class LlamaView:
         return SkipV1LlamaConfig(**fields, mlp_bias=False, skip_v_heads=0)
 
     def names(self, names: list[str]) -> list[str]:
-        return [part for name in names for part in self._parts(name)]
+        """The source's tensor names as the Llama's (fused ones replaced by their parts)."""
+        return [part for name in names for part in self.parts(name)]
 
-    def _parts(self, name: str) -> tuple[str, ...]:
+    def parts(self, name: str) -> tuple[str, ...]:
+        """model.layers.i.self_attn.qkv_proj.weight -> its q/k/v_proj names (others: itself)."""
         for fused, parts in UNFUSED.items():
             if name.endswith("." + fused):
                 base = name[: -len(fused)]
                 return tuple(base + p for p in parts)
         return (name,)
 
-    def _fused_name(self, name: str) -> tuple[str, int] | None:
+    def fused_name(self, name: str) -> tuple[str, int] | None:
+        """(the fused tensor a Llama name is cut from, which part), None for an unfused one."""
         for fused, parts in UNFUSED.items():
             for n, part in enumerate(parts):
                 if name.endswith("." + part):
                     return name[: -len(part)] + fused, n
         return None
 
-    def _split(self, fused: str, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def split(self, fused: str, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A fused tensor's parts, in `parts` order."""
         if fused.endswith("qkv_proj.weight"):
             return self.layout.split(tensor, self.heads)
         return tensor.chunk(2, dim=0)
 
     def loader(self, load):
+        """`load` (source names -> tensors) for the Llama's names."""
+
         def load_unfused(names: list[str]) -> dict[str, torch.Tensor]:
-            wanted = {name: self._fused_name(name) for name in names}
+            wanted = {name: self.fused_name(name) for name in names}
             fused_names = sorted({f[0] if f else n for n, f in wanted.items()})
             tensors = load(fused_names)
             out = {}
@@ -301,7 +305,7 @@ class LlamaView:
                 out[name] = (
                     tensors[name]
                     if found is None
-                    else self._split(found[0], tensors[found[0]])[found[1]]
+                    else self.split(found[0], tensors[found[0]])[found[1]]
                 )
             return out
 
@@ -321,10 +325,10 @@ class FusedResult:
         return getattr(self.inner, name)
 
     def transform(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        parts = self.view._parts(name)
+        parts = self.view.parts(name)
         if len(parts) == 1:
             return self.inner.transform(name, tensor)
-        pieces = self.view._split(name, tensor)
+        pieces = self.view.split(name, tensor)
         new = [self.inner.transform(p, t) for p, t in zip(parts, pieces, strict=True)]
         if len(new) == 3:
             return self.view.layout.join(*new, self.view.heads)
