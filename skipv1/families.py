@@ -18,6 +18,10 @@ class Family:
     # The calibrated inits (calibrated, reconstruct) run the family's layers through a forward
     # written out by hand (calibrate.py, reconstruct.py); False refuses them for the family.
     calibrated_inits: bool = True
+    # q/k/v in one tensor per layer: where the value rows sit is convert/fused.py's layout
+    fused_qkv: bool = False
+    # (standard name, the family's name) of config.json fields (GPT-2's n_embd is hidden_size)
+    config_aliases: tuple[tuple[str, str], ...] = ()
 
     @property
     def model_type(self) -> str:
@@ -57,7 +61,30 @@ QWEN3 = Family(
     qk_norm=True,
     refuse_sliding_window=True,
 )
-FAMILIES = (LLAMA, QWEN3)
+PHI3 = Family("phi3", "Phi3", {"Phi3ForCausalLM": "phi3"}, fused_qkv=True)
+# LayerNorms, parallel residual, partial rotary: the calibrated inits' Llama forward does not fit
+GPT_NEOX = Family(
+    "gpt_neox",
+    "GPTNeoX",
+    {"GPTNeoXForCausalLM": "gpt_neox"},
+    calibrated_inits=False,
+    fused_qkv=True,
+)
+GPT2 = Family(
+    "gpt2",
+    "GPT2",
+    {"GPT2LMHeadModel": "gpt2"},
+    calibrated_inits=False,
+    fused_qkv=True,
+    config_aliases=(
+        ("hidden_size", "n_embd"),
+        ("num_attention_heads", "n_head"),
+        ("num_hidden_layers", "n_layer"),
+        ("max_position_embeddings", "n_positions"),
+        ("intermediate_size", "n_inner"),
+    ),
+)
+FAMILIES = (LLAMA, QWEN3, PHI3, GPT_NEOX, GPT2)
 
 SOURCE_ARCHITECTURES = {arch: kind for f in FAMILIES for arch, kind in f.sources.items()}
 # A config without `architectures` (older or hand-written ones) is recognised by its model_type,
@@ -75,9 +102,24 @@ def family_of(config: dict) -> Family | None:
     if config.get("model_type") in SKIPV1_MODEL_TYPES:
         return SKIPV1_MODEL_TYPES[config["model_type"]]
     archs = config.get("architectures") or []
-    arch = archs[0] if isinstance(archs, list) and archs else None
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     arch = arch or ARCHITECTURE_OF_MODEL_TYPE.get(config.get("model_type"))
     for family in FAMILIES:
         if arch in family.sources or arch == family.architecture:
             return family
     return None
+
+
+def standard_fields(config: dict) -> dict:
+    """config.json with the standard field names (hidden_size, ...) that every module reads,
+    filled in from the family's own names (GPT-2's n_embd, ...) where it has others."""
+    family = family_of(config)
+    if family is None or not family.config_aliases:
+        return config
+    out = dict(config)
+    for standard, own in family.config_aliases:
+        if out.get(standard) is None and own in out:
+            out[standard] = out[own]
+    if family.name == "gpt2" and out.get("intermediate_size") is None and "hidden_size" in out:
+        out["intermediate_size"] = 4 * out["hidden_size"]  # GPT-2's n_inner=None
+    return out

@@ -11,10 +11,16 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -27,6 +33,9 @@ ARCHS = {
     "mistral": (MistralConfig, MistralForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "phi3": (Phi3Config, Phi3ForCausalLM),
+    "gpt_neox": (GPTNeoXConfig, GPTNeoXForCausalLM),
+    "gpt2": (GPT2Config, GPT2LMHeadModel),
 }
 EOS = "<|endoftext|>"
 # The console script of this environment, for tests that need a real child process (exit codes,
@@ -76,6 +85,10 @@ def tiny_config(arch: str = "llama", **overrides):
         fields["sliding_window"] = None
     if arch == "qwen3":
         fields["head_dim"] = 16  # Qwen3Config's default is 128
+    if arch in ("gpt_neox", "gpt2"):
+        del fields["num_key_value_heads"]  # multi-head only
+    if arch == "gpt2":
+        fields["n_inner"] = fields.pop("intermediate_size")
     fields.update(overrides)
     return config_cls(**fields)
 
@@ -227,19 +240,28 @@ def assert_loads_without_skipv1(
 ) -> None:
     """In a child process where `import skipv1` fails, `trust_remote_code=True` loads the model
     saved in `model_dir` from its own modeling files and gives `expected` logits for `ids`."""
-    torch.save({"ids": ids, "expected": expected}, work / "expected.pt")
+    assert_all_load_without_skipv1([(model_dir, ids, expected, class_name)], work)
+
+
+def assert_all_load_without_skipv1(cases, work: Path) -> None:
+    """`assert_loads_without_skipv1` for several (model_dir, ids, expected, class_name) in one
+    child process (its start-up, importing torch and transformers, is most of the time)."""
+    keys = ("dir", "ids", "expected", "class")
+    torch.save(
+        [dict(zip(keys, (str(c[0]), *c[1:]), strict=True)) for c in cases], work / "expected.pt"
+    )
     script = f"""
 import sys
 sys.modules["skipv1"] = None  # any `import skipv1` now fails
 import torch
 from transformers import AutoModelForCausalLM
-m = AutoModelForCausalLM.from_pretrained({str(model_dir)!r}, trust_remote_code=True).eval()
-assert type(m).__module__.startswith("transformers_modules"), type(m).__module__
-assert type(m).__name__ == {class_name!r}, type(m).__name__
-data = torch.load({str(work / "expected.pt")!r})
-with torch.no_grad():
-    torch.testing.assert_close(m(data["ids"]).logits, data["expected"])
-print("OK")
+for case in torch.load({str(work / "expected.pt")!r}):
+    m = AutoModelForCausalLM.from_pretrained(case["dir"], trust_remote_code=True).eval()
+    assert type(m).__module__.startswith("transformers_modules"), type(m).__module__
+    assert type(m).__name__ == case["class"], type(m).__name__
+    with torch.no_grad():
+        torch.testing.assert_close(m(case["ids"]).logits, case["expected"])
+    print("OK", case["class"])
 """
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     run = subprocess.run(
@@ -251,4 +273,4 @@ print("OK")
         env=env,
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "OK" in run.stdout
+    assert run.stdout.count("OK") == len(cases), run.stdout

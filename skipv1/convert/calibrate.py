@@ -30,6 +30,7 @@ from ..errors import SkipV1Error
 from ..modeling import FAMILY_CLASSES
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 from ..packing import cut_blocks, token_stream
+from .fused import LlamaView
 from .names import later_attention_projection
 
 LoadTensors = Callable[[list[str]], dict[str, torch.Tensor]]
@@ -354,18 +355,23 @@ def calibrate_source(prepared, options, quiet: bool):
     def load(names: list[str]) -> dict[str, torch.Tensor]:
         return dict(iter_tensors(prepared.weights, set(names)))
 
+    config, names = None, prepared.order
+    view = LlamaView(plan.source) if plan.source.family.name == "phi3" else None
+    if view is not None:  # fused projections: the pass runs the Llama the source computes
+        config, load, names = view.config(prepared.out_config), view.loader(load), view.names(names)
     with step_progress(quiet) as progress:
         run = CalibrationRun(
-            source_config(prepared.out_config),
+            config or source_config(prepared.out_config),
             load,
             ids,
             plan.skip_heads,
             options,
-            prepared.order,
+            names,
             progress,
             calibration_device(),
         )
-        return plan.init_method.fit(run)
+        result = plan.init_method.fit(run)
+    return result if view is None else view.wrap(result)
 
 
 def calibration_device() -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import transformers
 
 from ..checkpoint_info import SOURCE_ARCHITECTURES
+from . import fused
 from .plan import ConversionPlan
 
 # Fields that switch on sliding-window masks in transformers; our model has full attention only.
@@ -73,6 +74,10 @@ def skipv1_config(
     put("attention_bias", plan.source.qkv_bias, "q/k/v projections carry a bias")
     put("o_proj_bias", plan.source.o_bias, "output projection bias, separately from q/k/v")
     put("head_dim", plan.source.head_dim, "stated explicitly")
+    qkv = fused.layout_of(family)
+    if qkv is not None:
+        split = fused.split_record(qkv, plan.source, plan.skip_heads)
+        put("fused_qkv_split", split, "later layers' fused q/k/v tensors hold fewer value rows")
     _drop_sliding_window(source, out, put, drop)
     if dtype is not None:
         put("dtype", dtype, "--dtype")

@@ -8,6 +8,7 @@ from ..checkpoint_info import SOURCE_ARCHITECTURES, architecture, default_skip_h
 from ..errors import SkipV1Error
 from ..families import LLAMA, Family, family_of
 from ..modeling.layout import KVLayout, kv_layout
+from . import fused
 from .inits import DEFAULT_INIT, Init, get_init
 from .names import later_attention_projection
 
@@ -15,8 +16,8 @@ COPY = "copy"
 REWRITE_V = "rewrite_v"
 # Tensors an init rewrites in place (Init.rewrites: calibrated inits refit q/k/o, down_proj).
 CALIBRATE = "calibrate"
-# Buffers some old checkpoints saved; the model recomputes them.
-DROPPABLE_SUFFIXES = (".rotary_emb.inv_freq",)
+# Buffers some old checkpoints saved; the model recomputes them (GPT-2's causal masks too).
+DROPPABLE_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,17 @@ class SourceModel:
     mlp_bias: bool
     tied: bool
     qk_norm: bool = False  # q_norm / k_norm weights of shape (head_dim,) in every layer
+    positions: int = 0  # max_position_embeddings (learned position embeddings: GPT-2)
+    bare_names: bool = False  # GPT-2 names without `transformer.` (fused.has_bare_names)
 
     @classmethod
-    def from_config(cls, config: dict) -> "SourceModel":
+    def from_config(cls, config: dict, bare_names: bool = False) -> "SourceModel":
         arch = architecture(config)
         layout = kv_layout(config)
         qwen2 = SOURCE_ARCHITECTURES.get(arch) == "qwen2"
-        attention_bias = bool(config.get("attention_bias", False))
         family = family_of(config) or LLAMA
+        qkv = fused.layout_of(family)
+        attention_bias = bool(config.get("attention_bias", qkv.default_bias if qkv else False))
         return cls(
             architecture=arch,
             family=family,
@@ -59,9 +63,16 @@ class SourceModel:
             qkv_bias=qwen2 or attention_bias,
             o_bias=False if qwen2 else attention_bias,
             mlp_bias=bool(config.get("mlp_bias", False)),
-            tied=bool(config.get("tie_word_embeddings", False)),
+            tied=bool(config.get("tie_word_embeddings", qkv.default_tied if qkv else False)),
+            positions=config.get("max_position_embeddings", 0),
+            bare_names=bare_names,
             qk_norm=family.qk_norm,
         )
+
+    @property
+    def qkv_layout(self):
+        """Where a fused q/k/v tensor keeps the value rows (None: separate tensors)."""
+        return fused.layout_of(self.family, self.bare_names)
 
     @property
     def kv(self) -> KVLayout:
@@ -97,10 +108,18 @@ class SourceModel:
             shapes[p + "post_attention_layernorm.weight"] = (h,)
         shapes["model.norm.weight"] = (h,)
         shapes["lm_head.weight"] = (self.vocab, h)
-        return shapes
+        layout = self.qkv_layout
+        return layout.shapes(shapes, self) if layout else shapes
 
     def optional_tensors(self) -> set[str]:
         return {"lm_head.weight"} if self.tied else set()
+
+    def value_tensor(self, layer: int) -> str:
+        """The tensor that holds a layer's value rows (a fused one in some families)."""
+        layout = self.qkv_layout
+        if layout is None:
+            return f"model.layers.{layer}.self_attn.v_proj.weight"
+        return f"{layout.prefix}{layer}.{layout.value_tensors[0]}"
 
 
 @dataclass(frozen=True)
@@ -138,12 +157,26 @@ class ConversionPlan:
     def changed(self) -> list[TensorTask]:
         return [t for t in self.tasks.values() if t.action != COPY]
 
+    def rewrite_values(self, name: str, tensor):
+        """A REWRITE_V tensor with its value rows made by the init (the rest of a fused
+        tensor kept)."""
+        n_kv, s = self.source.num_kv_heads, self.skip_heads
+        layout = self.source.qkv_layout
+        if layout is None:
+            return self.init_method.value_rows(tensor, n_kv, s)
+        own_rows = lambda v: self.init_method.value_rows(v, n_kv, s)  # noqa: E731
+        return fused.rewrite_values(layout, self.source, tensor, own_rows)
+
 
 def make_plan(
-    config: dict, skip_heads: int | None = None, init: str = DEFAULT_INIT
+    config: dict,
+    skip_heads: int | None = None,
+    init: str = DEFAULT_INIT,
+    bare_names: bool = False,
 ) -> ConversionPlan:
-    """The plan for a source config; raises SkipV1Error for options the config cannot take."""
-    source = SourceModel.from_config(config)
+    """The plan for a source config; raises SkipV1Error for options the config cannot take.
+    `bare_names`: a GPT-2 checkpoint whose tensor names lack `transformer.`."""
+    source = SourceModel.from_config(config, bare_names)
     n_kv = source.num_kv_heads
     s = default_skip_heads(n_kv) if skip_heads is None else skip_heads
     if not 0 <= s < n_kv:
@@ -157,11 +190,21 @@ def make_plan(
             f"--init {init} is not available for {source.architecture} sources yet (its "
             "calibration runs Llama layers): pass --init keep or --init mean"
         )
+    blocker = fused.calibration_blocker(source.family, config)
+    if method.calibrated and s and blocker:
+        raise SkipV1Error(
+            f"--init {init} is not available for this {source.architecture} source: "
+            f"{blocker}; pass --init keep or --init mean"
+        )
+    layout = source.qkv_layout
     tasks = {}
     for name, shape in source.expected_shapes().items():
         projection = later_attention_projection(name) if s else None
         if projection == "v_proj":
             target = ((n_kv - s) * source.head_dim, *shape[1:])
+            tasks[name] = TensorTask(name, REWRITE_V, shape, target)
+        elif s and layout and fused.later_value_layer(layout, name):
+            target = fused.target_shape(layout, source, s, shape)
             tasks[name] = TensorTask(name, REWRITE_V, shape, target)
         elif s and method.rewrites(name):
             tasks[name] = TensorTask(name, CALIBRATE, shape, shape)

@@ -2,9 +2,15 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
+from .configuration_skipv1_gpt2 import SkipV1GPT2Config
+from .configuration_skipv1_gpt_neox import SkipV1GPTNeoXConfig
 from .configuration_skipv1_llama import SkipV1LlamaConfig
+from .configuration_skipv1_phi3 import SkipV1Phi3Config
 from .configuration_skipv1_qwen3 import SkipV1Qwen3Config
+from .modeling_skipv1_gpt2 import SkipV1GPT2ForCausalLM, SkipV1GPT2Model
+from .modeling_skipv1_gpt_neox import SkipV1GPTNeoXForCausalLM, SkipV1GPTNeoXModel
 from .modeling_skipv1_llama import SkipV1LlamaForCausalLM, SkipV1LlamaModel
+from .modeling_skipv1_phi3 import SkipV1Phi3ForCausalLM, SkipV1Phi3Model
 from .modeling_skipv1_qwen3 import SkipV1Qwen3ForCausalLM, SkipV1Qwen3Model
 
 # model_type -> (config, causal LM) class of each family; the base model and decoder layer are
@@ -12,6 +18,9 @@ from .modeling_skipv1_qwen3 import SkipV1Qwen3ForCausalLM, SkipV1Qwen3Model
 FAMILY_CLASSES = {
     SkipV1LlamaConfig.model_type: (SkipV1LlamaConfig, SkipV1LlamaForCausalLM),
     SkipV1Qwen3Config.model_type: (SkipV1Qwen3Config, SkipV1Qwen3ForCausalLM),
+    SkipV1Phi3Config.model_type: (SkipV1Phi3Config, SkipV1Phi3ForCausalLM),
+    SkipV1GPTNeoXConfig.model_type: (SkipV1GPTNeoXConfig, SkipV1GPTNeoXForCausalLM),
+    SkipV1GPT2Config.model_type: (SkipV1GPT2Config, SkipV1GPT2ForCausalLM),
 }
 for _config, _causal_lm in FAMILY_CLASSES.values():
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
@@ -19,9 +28,18 @@ for _config, _causal_lm in FAMILY_CLASSES.values():
     AutoModelForCausalLM.register(_config, _causal_lm, exist_ok=True)
 
 __all__ = [
+    "SkipV1GPT2Config",
+    "SkipV1GPT2ForCausalLM",
+    "SkipV1GPT2Model",
+    "SkipV1GPTNeoXConfig",
+    "SkipV1GPTNeoXForCausalLM",
+    "SkipV1GPTNeoXModel",
     "SkipV1LlamaConfig",
     "SkipV1LlamaForCausalLM",
     "SkipV1LlamaModel",
+    "SkipV1Phi3Config",
+    "SkipV1Phi3ForCausalLM",
+    "SkipV1Phi3Model",
     "SkipV1Qwen3Config",
     "SkipV1Qwen3ForCausalLM",
     "SkipV1Qwen3Model",

@@ -1,5 +1,6 @@
 """KV-cache arithmetic of the source (MHA/GQA) and SkipV1 layouts, from config fields alone."""
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,9 @@ def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:
     config's value (0 for the source layout)."""
     layout = kv_layout(config)
     s = layout.skip_v_heads if skip_v_heads is None else skip_v_heads
+    family = family_of(config)
+    if family is not None and family.fused_qkv:
+        return _count_from_plan(config, s)
     hidden, heads, d = config["hidden_size"], config["num_attention_heads"], layout.head_dim
     n_kv, layers, vocab = layout.num_kv_heads, layout.num_layers, config["vocab_size"]
     qkv_bias = bool(config.get("attention_bias")) or config.get("model_type") == "qwen2"
@@ -55,10 +59,18 @@ def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:
         )
 
     mlp = 3 * hidden * inter + ((2 * inter + hidden) if mlp_bias else 0)
-    family = family_of(config)
     per_layer_norms = 2 * hidden + (2 * d if family and family.qk_norm else 0)
     total = attention(n_kv) + (layers - 1) * attention(n_kv - s)
     total += layers * (mlp + per_layer_norms) + hidden + vocab * hidden
     if not config.get("tie_word_embeddings", False):
         total += vocab * hidden
     return total
+
+
+def _count_from_plan(config: dict, skip_v_heads: int) -> int:
+    """A family with fused projections: the tensors the conversion plan says it has."""
+    from ..convert.plan import make_plan  # the plan knows every family's tensor shapes
+
+    plan = make_plan(config, skip_v_heads, "keep")
+    optional = plan.source.optional_tensors()
+    return sum(math.prod(t.target_shape) for t in plan.tasks.values() if t.name not in optional)
