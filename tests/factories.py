@@ -15,11 +15,17 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 ARCHS = {
@@ -27,6 +33,14 @@ ARCHS = {
     "mistral": (MistralConfig, MistralForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM),
+    "mixtral": (MixtralConfig, MixtralForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+}
+# Tiny mixtures of experts: 4 experts, 2 per token (tests/test_moe_families.py).
+MOE_FIELDS = {
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16),
 }
 EOS = "<|endoftext|>"
 # The console script of this environment, for tests that need a real child process (exit codes,
@@ -76,6 +90,7 @@ def tiny_config(arch: str = "llama", **overrides):
         fields["sliding_window"] = None
     if arch == "qwen3":
         fields["head_dim"] = 16  # Qwen3Config's default is 128
+    fields.update(MOE_FIELDS.get(arch, {}))
     fields.update(overrides)
     return config_cls(**fields)
 

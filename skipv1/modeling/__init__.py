@@ -3,15 +3,24 @@
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .configuration_skipv1_llama import SkipV1LlamaConfig
+from .configuration_skipv1_mixtral import SkipV1MixtralConfig
+from .configuration_skipv1_olmo2 import SkipV1Olmo2Config
 from .configuration_skipv1_qwen3 import SkipV1Qwen3Config
+from .configuration_skipv1_qwen3_moe import SkipV1Qwen3MoeConfig
 from .modeling_skipv1_llama import SkipV1LlamaForCausalLM, SkipV1LlamaModel
+from .modeling_skipv1_mixtral import SkipV1MixtralForCausalLM, SkipV1MixtralModel
+from .modeling_skipv1_olmo2 import SkipV1Olmo2ForCausalLM, SkipV1Olmo2Model
 from .modeling_skipv1_qwen3 import SkipV1Qwen3ForCausalLM, SkipV1Qwen3Model
+from .modeling_skipv1_qwen3_moe import SkipV1Qwen3MoeForCausalLM, SkipV1Qwen3MoeModel
 
 # model_type -> (config, causal LM) class of each family; the base model and decoder layer are
 # `causal_lm.base_model_class` and its `decoder_layer_class`.
 FAMILY_CLASSES = {
     SkipV1LlamaConfig.model_type: (SkipV1LlamaConfig, SkipV1LlamaForCausalLM),
     SkipV1Qwen3Config.model_type: (SkipV1Qwen3Config, SkipV1Qwen3ForCausalLM),
+    SkipV1Olmo2Config.model_type: (SkipV1Olmo2Config, SkipV1Olmo2ForCausalLM),
+    SkipV1MixtralConfig.model_type: (SkipV1MixtralConfig, SkipV1MixtralForCausalLM),
+    SkipV1Qwen3MoeConfig.model_type: (SkipV1Qwen3MoeConfig, SkipV1Qwen3MoeForCausalLM),
 }
 for _config, _causal_lm in FAMILY_CLASSES.values():
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
@@ -25,4 +34,13 @@ __all__ = [
     "SkipV1Qwen3Config",
     "SkipV1Qwen3ForCausalLM",
     "SkipV1Qwen3Model",
+    "SkipV1Olmo2Config",
+    "SkipV1Olmo2ForCausalLM",
+    "SkipV1Olmo2Model",
+    "SkipV1MixtralConfig",
+    "SkipV1MixtralForCausalLM",
+    "SkipV1MixtralModel",
+    "SkipV1Qwen3MoeConfig",
+    "SkipV1Qwen3MoeForCausalLM",
+    "SkipV1Qwen3MoeModel",
 ]
