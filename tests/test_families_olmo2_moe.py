@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, DynamicCache
 from typer.testing import CliRunner
 
 from skipv1.checkpoint_info import describe
 from skipv1.cli import app
 from skipv1.convert.config import skipv1_config
+from skipv1.convert.experts import module_state
 from skipv1.convert.plan import make_plan
 from skipv1.families import family_of
 from skipv1.modeling import FAMILY_CLASSES
@@ -34,7 +36,9 @@ LAYERS, KV, HEAD_DIM = 3, 2, 16
 
 def stock(arch: str, seed: int = 0):
     """A tiny random source model whose norms are far from 1, so that a forward skipping one
-    (or applying it per head instead of over the projection) would show."""
+    (or applying it per head instead of over the projection) would show; OLMo-2's q/k norms
+    very far (0.1 to 4), so that a calibrated init that did not move them with the heads loses
+    to `mean` (checked by mutation)."""
     torch.manual_seed(seed)
     # Qwen3-MoE: layer 1 keeps a dense MLP (mlp_only_layers), as some of its configs do
     extra = {"mlp_only_layers": [1]} if arch == "qwen3_moe" else {}
@@ -43,6 +47,8 @@ def stock(arch: str, seed: int = 0):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
+            if arch == "olmo2" and name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.uniform_(0.1, 4.0)
     return model
 
 
@@ -152,7 +158,8 @@ def test_sliding_windows_clamped_for_mixtral_refused_for_qwen3_moe(tmp_path, cli
 @pytest.fixture(scope="module")
 def conversions(tmp_path_factory, tokenizer_dir):
     """Each family's tiny source converted with the default init (reconstruct, a short
-    distillation) and with `mean`, s = 1: {arch: (source model, source dir, {init: dst})}."""
+    distillation) and with `mean`, s = 1, OLMo-2 also with `calibrated` and with reconstruct
+    without its distillation: {arch: (source model, source dir, {init: dst})}."""
     calib = ["--calib-data", "embedded:train", "--calib-tokens", "1024", "--calib-seq-len", "64"]
     runner, out = CliRunner(), {}
     for arch in FAMILIES:
@@ -161,10 +168,18 @@ def conversions(tmp_path_factory, tokenizer_dir):
         source.save_pretrained(src)
         for file in tokenizer_dir.iterdir():
             shutil.copy(file, src / file.name)
-        dsts = {}
-        for init, extra in (("default", [*calib, "--calib-distill-steps", "4"]), ("mean", [])):
+        dsts, inits = (
+            {},
+            {
+                "default": [*calib, "--calib-distill-steps", "4"],
+                "mean": ["--init", "mean"],
+            },
+        )
+        if arch == "olmo2":
+            inits["calibrated"] = ["--init", "calibrated", *calib]
+            inits["layers"] = ["--init", "reconstruct", *calib, "--calib-distill-steps", "0"]
+        for init, args in inits.items():
             dsts[init] = root / init
-            args = [*extra, *(["--init", "mean"] if init == "mean" else [])]
             command = ["convert", str(src), str(dsts[init]), "--skip-heads", "1", "--quiet"]
             result = runner.invoke(app, [*command, *args])
             assert result.exit_code == 0, result.output
@@ -180,14 +195,7 @@ def test_default_init_converts_the_family_closer_than_mean(arch, conversions, cl
     source, src, dsts = conversions[arch]
     dry = cli("convert", src, tmp_path / "dry", "--dry-run")
     assert dry.exit_code == 0 and not (tmp_path / "dry").exists(), dry.output
-    x = ids(batch=4, length=48, seed=3)
-    errors = {}
-    with torch.no_grad():
-        want = source(x).logits
-        for init, dst in dsts.items():
-            model = AutoModelForCausalLM.from_pretrained(dst).eval()
-            assert type(model).__name__ == SKIPV1_CLASS[arch]
-            errors[init] = (model(x).logits - want).pow(2).mean().item()
+    errors = logit_errors(source, dsts)
     assert errors["default"] < errors["mean"], errors
 
     dst = dsts["default"]
@@ -199,6 +207,42 @@ def test_default_init_converts_the_family_closer_than_mean(arch, conversions, cl
     record = json.loads((dst / "skipv1_conversion.json").read_text())
     assert record["architecture"] == type(source).__name__ and record["init"] == "reconstruct"
     assert "SkipV1Former conversion" in (dst / "README.md").read_text()
+
+
+def logit_errors(source, dsts: dict) -> dict[str, float]:
+    x = ids(batch=4, length=48, seed=3)
+    errors = {}
+    with torch.no_grad():
+        want = source(x).logits
+        for init, dst in dsts.items():
+            model = AutoModelForCausalLM.from_pretrained(dst).eval()
+            assert type(model).__name__ == SKIPV1_CLASS[family_of(source.config.to_dict()).name]
+            errors[init] = (model(x).logits - want).pow(2).mean().item()
+    return errors
+
+
+def test_olmo2_fitted_inits_follow_its_norms(conversions):
+    """reconstruct's layer-by-layer refits (no distillation) < calibrated < mean: their forwards
+    apply OLMo-2's post-norms and whole-projection q/k norms, and move the norms' weights with
+    the permuted heads (not moving them: calibrated 0.047 > mean 0.045, layers 0.043 > 0.041)."""
+    source, _, dsts = conversions["olmo2"]
+    errors = logit_errors(source, dsts)
+    assert errors["layers"] < errors["calibrated"] < errors["mean"], errors
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_expert_tensors_stack_as_transformers_loads_them(arch, tmp_path):
+    """The calibrated inits build MoE layers from the checkpoint's per-expert tensors: stacked
+    exactly as transformers' own loading stacks them."""
+    model = stock(arch)
+    model.save_pretrained(tmp_path)
+    config = model.config.to_dict()
+    config_class, _ = FAMILY_CLASSES[family_of(config).model_type]
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
+    stacked = module_state(config_class(**fields), load_file(tmp_path / "model.safetensors"))
+    want = model.state_dict()
+    assert set(stacked) == set(want)
+    assert all(torch.equal(stacked[k], want[k]) for k in stacked)
 
 
 def test_converted_families_load_with_remote_code_without_skipv1(conversions, tmp_path):
