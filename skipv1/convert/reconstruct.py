@@ -11,11 +11,14 @@ and for every later layer, on the converted stream:
    stream after attention matches the source's: the kept heads absorb part of what the
    borrowed ones lose, and the layer cancels part of the drift of the layers before it;
 3. refits the MLP's down_proj the same way, so that the layer's output matches the source
-   layer's output.
+   layer's output (a mixture of experts is kept: its experts are copied).
+
+Where the family puts its norms after attention and MLP (OLMo-2), each refit's target is the
+pre-norm output that the norm maps onto the wanted residual update (`_pre_norm_target`).
 
 Each ridge shrinks towards the source's weights, with a strength chosen by two-fold
 cross-validation over alternate calibration sequences, so small calibration sets do not
-overfit. Layer 0, every norm, q/k (up to the permutation), the kept value rows and the MLP's
+overfit. Layer 0, every norm (up to the permutation), q/k (up to the permutation), the kept value rows and the MLP's
 gate/up projections stay the source's. Memory: one layer's weights plus the two streams'
 hidden states of the calibration tokens (2 x tokens x hidden floats).
 
