@@ -7,6 +7,31 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class ExpertLayout:
+    """How a mixture-of-experts MLP names its tensors in a checkpoint (the hub's layout, which
+    transformers' save_pretrained writes too): model.layers.{i}.{block}.gate.weight (the router)
+    and model.layers.{i}.{block}.experts.{e}.{gate,up,down}.weight."""
+
+    block: str  # "block_sparse_moe" (Mixtral), "mlp" (Qwen3-MoE)
+    gate: str
+    up: str
+    down: str
+    intermediate_field: str  # config field: each expert's intermediate size
+
+    @staticmethod
+    def count(config: dict) -> int:
+        """Experts per layer: transformers writes num_local_experts, Qwen3-MoE's Hub configs
+        num_experts."""
+        return config.get("num_local_experts", config.get("num_experts")) or 0
+
+    def is_sparse(self, config: dict, layer: int) -> bool:
+        """Whether layer `layer` has the MoE MLP (Qwen3-MoE may keep dense MLPs in some)."""
+        step = config.get("decoder_sparse_step") or 1
+        dense = config.get("mlp_only_layers") or []
+        return layer not in dense and self.count(config) > 0 and (layer + 1) % step == 0
+
+
+@dataclass(frozen=True)
 class Family:
     name: str  # "llama": model_type skipv1_llama, files *_skipv1_llama.py
     class_prefix: str  # "Llama": SkipV1LlamaConfig, SkipV1LlamaForCausalLM
@@ -22,6 +47,14 @@ class Family:
     fused_qkv: bool = False
     # (standard name, the family's name) of config.json fields (GPT-2's n_embd is hidden_size)
     config_aliases: tuple[tuple[str, str], ...] = ()
+    # "head": q_norm / k_norm weights (head_dim,) shared by every head (Qwen3); "projection":
+    # over the whole q / k projection (OLMo-2), weights (heads * head_dim,), which move with a
+    # head permutation
+    qk_norm_scope: str = "head"
+    # norms after attention and MLP (OLMo-2: post_attention_layernorm on the attention's output,
+    # post_feedforward_layernorm on the MLP's, no input_layernorm) instead of before them
+    post_norms: bool = False
+    experts: ExpertLayout | None = None  # the MLP is a mixture of experts
 
     @property
     def model_type(self) -> str:
@@ -84,7 +117,29 @@ GPT2 = Family(
         ("intermediate_size", "n_inner"),
     ),
 )
-FAMILIES = (LLAMA, QWEN3, PHI3, GPT_NEOX, GPT2)
+OLMO2 = Family(
+    "olmo2",
+    "Olmo2",
+    {"Olmo2ForCausalLM": "olmo2"},
+    qk_norm=True,
+    qk_norm_scope="projection",
+    post_norms=True,
+)
+MIXTRAL = Family(
+    "mixtral",
+    "Mixtral",
+    {"MixtralForCausalLM": "mixtral"},
+    experts=ExpertLayout("block_sparse_moe", "w1", "w3", "w2", "intermediate_size"),
+)
+QWEN3_MOE = Family(
+    "qwen3_moe",
+    "Qwen3Moe",
+    {"Qwen3MoeForCausalLM": "qwen3_moe"},
+    qk_norm=True,
+    refuse_sliding_window=True,
+    experts=ExpertLayout("mlp", "gate_proj", "up_proj", "down_proj", "moe_intermediate_size"),
+)
+FAMILIES = (LLAMA, QWEN3, PHI3, GPT_NEOX, GPT2, OLMO2, MIXTRAL, QWEN3_MOE)
 
 SOURCE_ARCHITECTURES = {arch: kind for f in FAMILIES for arch, kind in f.sources.items()}
 # A config without `architectures` (older or hand-written ones) is recognised by its model_type,

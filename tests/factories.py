@@ -21,11 +21,17 @@ from transformers import (
     MistralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 ARCHS = {
@@ -36,6 +42,14 @@ ARCHS = {
     "phi3": (Phi3Config, Phi3ForCausalLM),
     "gpt_neox": (GPTNeoXConfig, GPTNeoXForCausalLM),
     "gpt2": (GPT2Config, GPT2LMHeadModel),
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM),
+    "mixtral": (MixtralConfig, MixtralForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+}
+# Tiny mixtures of experts: 4 experts, 2 per token (tests/test_moe_families.py).
+MOE_FIELDS = {
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16),
 }
 EOS = "<|endoftext|>"
 # The console script of this environment, for tests that need a real child process (exit codes,
@@ -89,6 +103,7 @@ def tiny_config(arch: str = "llama", **overrides):
         del fields["num_key_value_heads"]  # multi-head only
     if arch == "gpt2":
         fields["n_inner"] = fields.pop("intermediate_size")
+    fields.update(MOE_FIELDS.get(arch, {}))
     fields.update(overrides)
     return config_cls(**fields)
 

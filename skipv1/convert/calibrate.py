@@ -27,11 +27,13 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from ..errors import SkipV1Error
+from ..families import SKIPV1_MODEL_TYPES
 from ..modeling import FAMILY_CLASSES
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 from ..packing import cut_blocks, token_stream
+from .experts import checkpoint_names, module_state
 from .fused import LlamaView
-from .names import later_attention_projection
+from .names import later_attention_norm, later_attention_projection
 
 LoadTensors = Callable[[list[str]], dict[str, torch.Tensor]]
 
@@ -52,6 +54,8 @@ class Calibration:
     head_dim: int
     skip_heads: int
     layers: dict[int, LayerFit] = field(default_factory=dict)
+    # q/k norms over the whole projection (OLMo-2): their weights move with the heads
+    whole_qk_norms: bool = False
 
     @property
     def group(self) -> int:
@@ -60,11 +64,17 @@ class Calibration:
     def transform(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The calibrated version of a source tensor (unchanged for tensors it does not touch)."""
         proj = later_attention_projection(name)
+        if proj is None and self.whole_qk_norms:
+            proj = later_attention_norm(name)
         layer = int(name.split(".")[2]) if proj else None
         if layer not in self.layers:
             return tensor
         fit, d = self.layers[layer], self.head_dim
         query_order = [h * self.group + r for h in fit.order for r in range(self.group)]
+        if proj == "q_norm":
+            return _take_heads(tensor, query_order, d, dim=0)
+        if proj == "k_norm":
+            return _take_heads(tensor, fit.order, d, dim=0)
         if proj == "q_proj":
             return _take_heads(tensor, query_order, d, dim=0)
         if proj == "k_proj":
@@ -106,7 +116,11 @@ def calibrate(
 ) -> Calibration:
     """Fits every later layer; `config` describes the source (its skip_v_heads must be 0)."""
     calibration = Calibration(
-        config.num_attention_heads, config.num_key_value_heads, config.head_dim, skip_heads
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+        skip_heads,
+        whole_qk_norms=family_of_config(config).qk_norm_scope == "projection",
     )
     embed = load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
     hidden = embed.float()[input_ids].to(device)
@@ -141,6 +155,11 @@ def _rotary(config: SkipV1LlamaConfig):
     return LlamaRotaryEmbedding(config)
 
 
+def family_of_config(config):
+    """The family of a SkipV1 config object."""
+    return SKIPV1_MODEL_TYPES[config.model_type]
+
+
 def _load_layer(config: SkipV1LlamaConfig, load: LoadTensors, i: int):
     """Decoder layer i of the source, of the config's family (Llama, Qwen3...)."""
     causal_lm = FAMILY_CLASSES[config.model_type][1]
@@ -148,7 +167,7 @@ def _load_layer(config: SkipV1LlamaConfig, load: LoadTensors, i: int):
         layer = causal_lm.base_model_class.decoder_layer_class(config, i)
     prefix = f"model.layers.{i}."
     names = [prefix + name for name in layer.state_dict()]
-    tensors = load(names)
+    tensors = module_state(config, load(checkpoint_names(config, names)))
     state = {name[len(prefix) :]: t.float() for name, t in tensors.items()}
     layer.load_state_dict(state, assign=True, strict=True)
     return layer.eval()
@@ -159,7 +178,7 @@ def _layer_forward(layer, hidden, cos, sin, stats, first_values):
     """The source layer's forward, written out to expose attention probabilities and values."""
     attn = layer.self_attn
     batch, length, _ = hidden.shape
-    x = layer.input_layernorm(hidden)
+    x = attention_input(layer, hidden)
     # the family's own projections (Qwen3: q/k RMSNorm per head), before RoPE
     q, k, v = (t.transpose(1, 2) for t in attn.project(x, (batch, length, -1, attn.head_dim)))
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
@@ -169,9 +188,48 @@ def _layer_forward(layer, hidden, cos, sin, stats, first_values):
     mixed = probs @ repeat_kv(v, attn.num_key_value_groups)  # (B, H, T, d)
     if stats is not None:
         stats.add(probs, mixed, first_values)
-    hidden = hidden + attn.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1))
-    hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    return hidden, v
+    hidden = add_attention(
+        layer, hidden, attn.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1))
+    )
+    return add_mlp(layer, hidden), v
+
+
+# Where the family puts a layer's norms, for the forwards written out here and in
+# reconstruct.py: before attention and MLP (Llama, Qwen3, the MoEs) or after them (OLMo-2).
+
+
+def post_norms(layer) -> bool:
+    return family_of_config(layer.self_attn.config).post_norms
+
+
+def attention_input(layer, hidden: torch.Tensor) -> torch.Tensor:
+    return hidden if post_norms(layer) else layer.input_layernorm(hidden)
+
+
+def attention_output_norm(layer):
+    """The norm applied to the attention's output before the residual add (None: pre-norm)."""
+    return layer.post_attention_layernorm if post_norms(layer) else None
+
+
+def add_attention(layer, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The residual stream after attention, from its input and the attention's output."""
+    norm = attention_output_norm(layer)
+    return hidden + (out if norm is None else norm(out))
+
+
+def mlp_input(layer, hidden: torch.Tensor) -> torch.Tensor:
+    return hidden if post_norms(layer) else layer.post_attention_layernorm(hidden)
+
+
+def mlp_output_norm(layer):
+    """The norm applied to the MLP's output before the residual add (None: pre-norm)."""
+    return layer.post_feedforward_layernorm if post_norms(layer) else None
+
+
+def add_mlp(layer, hidden: torch.Tensor) -> torch.Tensor:
+    out = layer.mlp(mlp_input(layer, hidden))
+    norm = mlp_output_norm(layer)
+    return hidden + (out if norm is None else norm(out))
 
 
 # Relative ridge strengths tried for each fit (times the mean diagonal of the fold's Z^T Z).
@@ -385,7 +443,11 @@ def source_config(out_config: dict):
     config_class = FAMILY_CLASSES[out_config["model_type"]][0]
     fields = {k: v for k, v in out_config.items() if k not in ("model_type", "auto_map")}
     fields.pop("architectures", None)
-    return config_class(**{**fields, "skip_v_heads": 0})
+    config = config_class(**{**fields, "skip_v_heads": 0})
+    # the passes build single decoder layers, outside the model that would choose a MoE's
+    # experts implementation: transformers' plain loop
+    config._experts_implementation = "eager"
+    return config
 
 
 def _tokenizer(root, init: str):

@@ -12,7 +12,7 @@ from .plan import ConversionPlan
 # Fields that switch on sliding-window masks in transformers; our model has full attention only.
 SLIDING_FIELDS = ("layer_types", "use_sliding_window", "max_window_layers")
 # Sources whose window applies only with `use_sliding_window` (and then per `max_window_layers`).
-WINDOW_FLAG_SOURCES = ("qwen2", "qwen3")
+WINDOW_FLAG_SOURCES = ("qwen2", "qwen3", "qwen3_moe")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from ..families import LLAMA, Family, family_of
 from ..modeling.layout import KVLayout, kv_layout
 from . import fused
 from .inits import DEFAULT_INIT, Init, get_init
-from .names import later_attention_projection
+from .names import later_attention_norm, later_attention_projection
 
 COPY = "copy"
 REWRITE_V = "rewrite_v"
@@ -37,9 +37,11 @@ class SourceModel:
     o_bias: bool
     mlp_bias: bool
     tied: bool
-    qk_norm: bool = False  # q_norm / k_norm weights of shape (head_dim,) in every layer
+    qk_norm: bool = False  # q_norm / k_norm weights in every layer (shapes: family.qk_norm_scope)
     positions: int = 0  # max_position_embeddings (learned position embeddings: GPT-2)
     bare_names: bool = False  # GPT-2 names without `transformer.` (fused.has_bare_names)
+    # a mixture of experts (family.experts): (experts, their intermediate size, sparse layers)
+    experts: tuple[int, int, frozenset[int]] | None = None
 
     @classmethod
     def from_config(cls, config: dict, bare_names: bool = False) -> "SourceModel":
@@ -67,6 +69,7 @@ class SourceModel:
             positions=config.get("max_position_embeddings", 0),
             bare_names=bare_names,
             qk_norm=family.qk_norm,
+            experts=_experts(family, config, layout.num_layers),
         )
 
     @property
@@ -93,23 +96,46 @@ class SourceModel:
                 "self_attn.k_proj": ((kv_rows, h), self.qkv_bias),
                 "self_attn.v_proj": ((kv_rows, h), self.qkv_bias),
                 "self_attn.o_proj": ((h, q_rows), self.o_bias),
-                "mlp.gate_proj": ((self.intermediate, h), self.mlp_bias),
-                "mlp.up_proj": ((self.intermediate, h), self.mlp_bias),
-                "mlp.down_proj": ((h, self.intermediate), self.mlp_bias),
+                **self._mlp_linears(i),
             }
             for name, (shape, bias) in linears.items():
                 shapes[p + name + ".weight"] = shape
                 if bias:
                     shapes[p + name + ".bias"] = shape[:1]
             if self.qk_norm:
-                shapes[p + "self_attn.q_norm.weight"] = (self.head_dim,)
-                shapes[p + "self_attn.k_norm.weight"] = (self.head_dim,)
-            shapes[p + "input_layernorm.weight"] = (h,)
-            shapes[p + "post_attention_layernorm.weight"] = (h,)
+                whole = self.family.qk_norm_scope == "projection"  # OLMo-2: over all heads
+                shapes[p + "self_attn.q_norm.weight"] = (q_rows if whole else self.head_dim,)
+                shapes[p + "self_attn.k_norm.weight"] = (kv_rows if whole else self.head_dim,)
+            for norm in (
+                ("post_attention_layernorm", "post_feedforward_layernorm")
+                if self.family.post_norms
+                else ("input_layernorm", "post_attention_layernorm")
+            ):
+                shapes[p + norm + ".weight"] = (h,)
         shapes["model.norm.weight"] = (h,)
         shapes["lm_head.weight"] = (self.vocab, h)
         layout = self.qkv_layout
         return layout.shapes(shapes, self) if layout else shapes
+
+    def _mlp_linears(self, i: int) -> dict[str, tuple[tuple[int, int], bool]]:
+        """Layer i's MLP linears: gate/up/down, or a router and each expert's (copied as they
+        are: SkipV1 changes attention only)."""
+        h, layout = self.hidden, self.family.experts
+        if self.experts is None or i not in self.experts[2]:
+            inter = self.intermediate
+            return {
+                "mlp.gate_proj": ((inter, h), self.mlp_bias),
+                "mlp.up_proj": ((inter, h), self.mlp_bias),
+                "mlp.down_proj": ((h, inter), self.mlp_bias),
+            }
+        count, inter, _ = self.experts
+        out = {f"{layout.block}.gate": ((count, h), False)}
+        for e in range(count):
+            x = f"{layout.block}.experts.{e}."
+            out[x + layout.gate] = ((inter, h), False)
+            out[x + layout.up] = ((inter, h), False)
+            out[x + layout.down] = ((h, inter), False)
+        return out
 
     def optional_tensors(self) -> set[str]:
         return {"lm_head.weight"} if self.tied else set()
@@ -120,6 +146,14 @@ class SourceModel:
         if layout is None:
             return f"model.layers.{layer}.self_attn.v_proj.weight"
         return f"{layout.prefix}{layer}.{layout.value_tensors[0]}"
+
+
+def _experts(family: Family, config: dict, layers: int):
+    layout = family.experts
+    if layout is None:
+        return None
+    sparse = frozenset(i for i in range(layers) if layout.is_sparse(config, i))
+    return layout.count(config), config[layout.intermediate_field], sparse
 
 
 @dataclass(frozen=True)
@@ -206,11 +240,20 @@ def make_plan(
         elif s and layout and fused.later_value_layer(layout, name):
             target = fused.target_shape(layout, source, s, shape)
             tasks[name] = TensorTask(name, REWRITE_V, shape, target)
-        elif s and method.rewrites(name):
+        elif s and (method.rewrites(name) or _moves_with_heads(source, method, name)):
             tasks[name] = TensorTask(name, CALIBRATE, shape, shape)
         else:
             tasks[name] = TensorTask(name, COPY, shape, shape)
     return ConversionPlan(source, s, init, tasks)
+
+
+def _moves_with_heads(source: SourceModel, method: Init, name: str) -> bool:
+    """A q/k norm over the whole projection (OLMo-2) has a weight per head's row: an init that
+    permutes a later layer's heads (it rewrites q_proj) permutes that weight with them."""
+    norm = later_attention_norm(name)
+    if norm is None or source.family.qk_norm_scope != "projection":
+        return False
+    return method.rewrites(name.replace(f".{norm}.", ".q_proj."))
 
 
 def shard_layout(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:

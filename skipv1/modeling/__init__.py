@@ -5,13 +5,19 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from .configuration_skipv1_gpt2 import SkipV1GPT2Config
 from .configuration_skipv1_gpt_neox import SkipV1GPTNeoXConfig
 from .configuration_skipv1_llama import SkipV1LlamaConfig
+from .configuration_skipv1_mixtral import SkipV1MixtralConfig
+from .configuration_skipv1_olmo2 import SkipV1Olmo2Config
 from .configuration_skipv1_phi3 import SkipV1Phi3Config
 from .configuration_skipv1_qwen3 import SkipV1Qwen3Config
+from .configuration_skipv1_qwen3_moe import SkipV1Qwen3MoeConfig
 from .modeling_skipv1_gpt2 import SkipV1GPT2ForCausalLM, SkipV1GPT2Model
 from .modeling_skipv1_gpt_neox import SkipV1GPTNeoXForCausalLM, SkipV1GPTNeoXModel
 from .modeling_skipv1_llama import SkipV1LlamaForCausalLM, SkipV1LlamaModel
+from .modeling_skipv1_mixtral import SkipV1MixtralForCausalLM, SkipV1MixtralModel
+from .modeling_skipv1_olmo2 import SkipV1Olmo2ForCausalLM, SkipV1Olmo2Model
 from .modeling_skipv1_phi3 import SkipV1Phi3ForCausalLM, SkipV1Phi3Model
 from .modeling_skipv1_qwen3 import SkipV1Qwen3ForCausalLM, SkipV1Qwen3Model
+from .modeling_skipv1_qwen3_moe import SkipV1Qwen3MoeForCausalLM, SkipV1Qwen3MoeModel
 
 # model_type -> (config, causal LM) class of each family; the base model and decoder layer are
 # `causal_lm.base_model_class` and its `decoder_layer_class`.
@@ -21,6 +27,9 @@ FAMILY_CLASSES = {
     SkipV1Phi3Config.model_type: (SkipV1Phi3Config, SkipV1Phi3ForCausalLM),
     SkipV1GPTNeoXConfig.model_type: (SkipV1GPTNeoXConfig, SkipV1GPTNeoXForCausalLM),
     SkipV1GPT2Config.model_type: (SkipV1GPT2Config, SkipV1GPT2ForCausalLM),
+    SkipV1Olmo2Config.model_type: (SkipV1Olmo2Config, SkipV1Olmo2ForCausalLM),
+    SkipV1MixtralConfig.model_type: (SkipV1MixtralConfig, SkipV1MixtralForCausalLM),
+    SkipV1Qwen3MoeConfig.model_type: (SkipV1Qwen3MoeConfig, SkipV1Qwen3MoeForCausalLM),
 }
 for _config, _causal_lm in FAMILY_CLASSES.values():
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
@@ -43,4 +52,13 @@ __all__ = [
     "SkipV1Qwen3Config",
     "SkipV1Qwen3ForCausalLM",
     "SkipV1Qwen3Model",
+    "SkipV1Olmo2Config",
+    "SkipV1Olmo2ForCausalLM",
+    "SkipV1Olmo2Model",
+    "SkipV1MixtralConfig",
+    "SkipV1MixtralForCausalLM",
+    "SkipV1MixtralModel",
+    "SkipV1Qwen3MoeConfig",
+    "SkipV1Qwen3MoeForCausalLM",
+    "SkipV1Qwen3MoeModel",
 ]

@@ -59,9 +59,17 @@ def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:
         )
 
     mlp = 3 * hidden * inter + ((2 * inter + hidden) if mlp_bias else 0)
-    per_layer_norms = 2 * hidden + (2 * d if family and family.qk_norm else 0)
+    qk_norms = 2 * d
+    if family and family.qk_norm_scope == "projection":  # OLMo-2: over every head
+        qk_norms = (heads + n_kv) * d
+    per_layer_norms = 2 * hidden + (qk_norms if family and family.qk_norm else 0)
     total = attention(n_kv) + (layers - 1) * attention(n_kv - s)
     total += layers * (mlp + per_layer_norms) + hidden + vocab * hidden
+    if family and family.experts:  # sparse layers: a router and the experts, not the MLP
+        experts = family.experts
+        count, expert_inter = experts.count(config), config[experts.intermediate_field]
+        sparse = sum(experts.is_sparse(config, i) for i in range(layers))
+        total += sparse * (count * (3 * hidden * expert_inter + hidden) - mlp)
     if not config.get("tie_word_embeddings", False):
         total += vocab * hidden
     return total

@@ -419,3 +419,27 @@ def expose_in_transformers(model_class: type) -> None:
     lazy = type(transformers)
     if model_class.__name__ not in vars(lazy):
         setattr(lazy, model_class.__name__, _TopLevelName(model_class))
+
+
+def share_weight_conversions(model_type: str, source_model_type: str) -> None:
+    """Checkpoints keep the source's tensor names (a MoE's experts one tensor each, as on the
+    Hub); transformers fuses them on loading by the model_type's conversion mapping, which a
+    SkipV1 model_type (and remote code) gets only by registering the source's."""
+    from transformers.conversion_mapping import (
+        get_checkpoint_conversion_mapping,
+        register_checkpoint_conversion_mapping,
+    )
+
+    mapping = get_checkpoint_conversion_mapping(source_model_type)
+    if mapping is not None:
+        register_checkpoint_conversion_mapping(model_type, mapping, overwrite=True)
+
+
+def refuse_sliding_window(config) -> None:
+    """Families whose config has one `sliding_window` for every layer (Mixtral, Qwen3-MoE): an
+    active window is refused, as `layer_types` sliding layers are (see SkipV1ConfigMixin)."""
+    if getattr(config, "sliding_window", None) is not None:
+        raise ValueError(
+            f"sliding_window={config.sliding_window}: SkipV1 attends over the full context only "
+            "(set sliding_window=null and use_sliding_window=false)."
+        )
