@@ -11,6 +11,9 @@ memory, and the cost of starting a run at step 0 against resuming at a late step
 3. Data cost of a start and of a resume: the time `make_train_batches` (what `skipv1 uptrain`
    runs before its first step) plus reading the first batch takes at step 0 and at step 2,000,
    with the store already built.
+4. Data time per step in a real run: `skipv1 uptrain --nproc 2` of a small random Llama with
+   SmolLM2's vocabulary from that store; metrics.jsonl's `data_s` (rank 0 reading its rows)
+   against the wall-clock time between step records.
 Writes docs/results/data_store.md and .json.
 """
 
@@ -161,6 +164,74 @@ def start_cost(work: Path, data: Path, tok_dir: Path, repeats: int) -> dict:
     return {"runs": runs, "median": med, "ratio": med[2000] / med[0]}
 
 
+RUN_SHAPE = dict(
+    hidden_size=128, intermediate_size=256, num_hidden_layers=4, max_position_embeddings=SEQ_LEN
+)
+RUN_STEPS, RUN_WARMUP = 12, 2
+
+
+def data_time(work: Path, data: Path, tok_dir: Path) -> dict:
+    """`skipv1 uptrain` on 2 ranks from the store of stage 1: data_s against the step time."""
+    import shutil
+
+    import yaml
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from factories import make_checkpoint
+
+    from skipv1.uptrain.metrics import read_metrics
+
+    vocab = len(AutoTokenizer.from_pretrained(tok_dir))
+    model = make_checkpoint(work / "model", vocab_size=vocab, **RUN_SHAPE)
+    for file in tok_dir.iterdir():  # the same tokenizer: the store of stage 1 is reused
+        if file.is_file():
+            shutil.copy(file, model / file.name)
+    run_dir = work / "run"
+    recipe = {
+        "model": {"path": str(model), "dtype": "float32"},
+        "data": {
+            "train": str(data),
+            "eval": None,
+            "seq_len": SEQ_LEN,
+            "cache_dir": str(work / "cache-1-0"),
+        },
+        "budget": {"tokens": RUN_STEPS * BATCH_TOKENS},
+        "batch": {"global_batch_tokens": BATCH_TOKENS, "micro_batch_size": 1},
+        "deepspeed": {"zero_stage": 2},
+        "checkpoint": {"every": 0, "resume": "never"},
+        "log": {"progress": False, "tensorboard": False},
+        "export": False,
+    }
+    recipe_file = work / "data-time.yaml"
+    recipe_file.write_text(yaml.safe_dump(recipe))
+    cmd = [sys.executable, "-m", "skipv1", "uptrain", str(recipe_file), "--run-dir", str(run_dir)]
+    cmd += ["--nproc", "2", "--quiet"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    stores = sorted((work / "cache-1-0").iterdir())
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"the uptrain run failed:\n{run.stderr[-3000:]}")
+    if sorted((work / "cache-1-0").iterdir()) != stores:
+        sys.exit("the run built another store instead of reusing stage 1's")
+    steps = [m for m in read_metrics(run_dir) if "loss" in m][RUN_WARMUP:]
+    data_s = [m["data_s"] for m in steps[1:]]
+    step_s = [b["time"] - a["time"] for a, b in zip(steps, steps[1:], strict=False)]
+    fraction = sum(data_s) / sum(step_s)
+    print(f"  data {statistics.median(data_s) * 1e6:.0f} us/step, {fraction:.4%} of the step")
+    return {
+        "data_s": data_s,
+        "step_s": step_s,
+        "fraction": fraction,
+        "median_data_s": statistics.median(data_s),
+        "median_step_s": statistics.median(step_s),
+        "max_data_s": max(data_s),
+        "vocab": vocab,
+        "shape": RUN_SHAPE,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--corpus-dir", default=str(Path("..") / "shared" / "data" / "corpus"))
@@ -178,13 +249,14 @@ def main() -> None:
             "throughput": throughput(work, data, tok_dir, args.repeats),
             "memory": memory(work, data, tok_dir),
             "start": start_cost(work, data, tok_dir, args.repeats),
+            "data_time": data_time(work, data, tok_dir),
         }
     result["load"] = [load_before, os.getloadavg()[0]]
     write_report(result, args)
 
 
 def write_report(r: dict, args) -> None:
-    t, m, s = r["throughput"], r["memory"], r["start"]
+    t, m, s, d = r["throughput"], r["memory"], r["start"], r["data_time"]
     each = lambda v: ", ".join(f"{x:,.0f}" for x in v)  # noqa: E731
     text = f"""# Token store: tokenization, data memory, start vs resume
 
@@ -219,6 +291,24 @@ global batch), store already built: step 0 **{s["median"][0] * 1e3:.1f} ms**, re
 2,000 **{s["median"][2000] * 1e3:.1f} ms** (ratio {s["ratio"]:.2f}; goal <= 1.1). Before the
 store, every start tokenized the whole train set on every rank, and a streamed run resuming at
 step k re-read and re-tokenized k global batches first.
+
+## Data time per step
+
+A real run from that store: `skipv1 uptrain RECIPE --nproc 2 --quiet` (torchrun, gloo,
+OMP_NUM_THREADS=1, ZeRO-2, fp32), a random Llama with SmolLM2's vocabulary ({d["vocab"]:,}),
+hidden {d["shape"]["hidden_size"]}, {d["shape"]["num_hidden_layers"]} layers, intermediate
+{d["shape"]["intermediate_size"]}; {BATCH_TOKENS:,} tokens per step (micro-batch 1, 4 blocks
+per rank), {RUN_STEPS} steps of which the first {RUN_WARMUP} are left out. `data_s`
+(metrics.jsonl: rank 0 reading its rows of the global batch from the memory-mapped store)
+against the wall-clock time between consecutive step records:
+
+- data time per step: median **{d["median_data_s"] * 1e6:,.0f} us** (max {
+        d["max_data_s"] * 1e6:,.0f} us); step time: median {d["median_step_s"]:.2f} s
+- data time / step time over the measured steps: **{d["fraction"]:.4%}** (goal < 1%)
+
+The data time does not depend on the model: a larger model's (or a GPU's) step only changes
+the denominator; at this {d["median_data_s"] * 1e6:,.0f} us a step would have to take under
+{d["median_data_s"] * 100 * 1e3:.1f} ms for the data to reach 1%.
 """
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -92,7 +92,8 @@ def test_zero2_loss_falls_and_metrics_are_complete(zero2_run):
     ppl = eval_ppls(zero2_run)
     assert sorted(ppl) == [0, 6, STEPS] and ppl[STEPS] < ppl[0]
     record = read_metrics(zero2_run)[1]
-    assert {"step", "tokens", "loss", "lr", "tokens_per_s", "tflops"} <= set(record)
+    assert {"step", "tokens", "loss", "lr", "tokens_per_s", "tflops", "data_s"} <= set(record)
+    assert 0 <= record["data_s"] < 1024 / record["tokens_per_s"]  # reading rows < computing
     assert "mfu" not in record  # no known peak on a CPU
     model = yaml.safe_load((zero2_run / "recipe.yaml").read_text())["model"]["path"]
     params = count_parameters(read_config(model))

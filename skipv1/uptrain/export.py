@@ -50,11 +50,25 @@ def iter_live_weights(engine, rank: int) -> Iterator[tuple[str, torch.Tensor]]:
             if rank == 0:
                 for name, param in group:
                     yield name, param.detach().cpu().clone()
+        trim_heap()
     if rank == 0:  # persistent buffers are not partitioned
         params = {name for name, _ in module.named_parameters()}
         for name, tensor in module.state_dict(keep_vars=True).items():
             if name not in params:
                 yield name, tensor.detach().cpu()
+
+
+def trim_heap() -> None:
+    """Hands the heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing).
+    glibc serves tensors under its mmap threshold (raised up to 32 MiB as tensors are freed)
+    from its heap and keeps them resident once freed: without this, the freed buffers of one
+    gathered layer after another pile up towards the whole model (bench/export_memory.py)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
 
 
 def layer_groups(module) -> list[list[tuple[str, torch.nn.Parameter]]]:

@@ -32,7 +32,7 @@ from .engine import (
     offloads_optimizer,
     zero_stage,
 )
-from .export import iter_live_weights, write_export
+from .export import SHARD_BYTES, iter_live_weights, write_export
 from .gradual import GradualConversion
 from .metrics import MetricsLogger, truncate_metrics
 from .recipe import Recipe, total_steps
@@ -317,6 +317,7 @@ class UptrainRecipe:
             self.validate(0)
         batches = self.train_data.batches(self.start_step, env.rank, env.world_size)
         for step in range(self.start_step + 1, self.total_steps + 1):
+            fetch = time.perf_counter()
             rows = next(batches)  # this rank's part of the global batch
             started = time.perf_counter()
             if self.gradual:
@@ -338,6 +339,7 @@ class UptrainRecipe:
                 "lr": lr,
                 "grad_norm": _grad_norm(engine),
                 "tokens_per_s": r.batch.global_batch_tokens / elapsed,
+                "data_s": started - fetch,  # reading this rank's rows (not in tokens_per_s)
                 **flops_fields(
                     self.flops_per_token,
                     r.batch.global_batch_tokens / elapsed,
@@ -422,7 +424,7 @@ class UptrainRecipe:
             self.engine, self.ckpt_dir, state, self.env.rank, self.recipe.checkpoint.keep_last
         )
 
-    def export(self) -> Path | None:
+    def export(self, max_shard_bytes: int = SHARD_BYTES) -> Path | None:
         """RUN_DIR/export from the live engine's weights (all ranks call; rank 0 writes)."""
         if self.gradual:
             self.gradual.set_step(self.total_steps)
@@ -438,6 +440,7 @@ class UptrainRecipe:
                     info,
                     self.recipe.to_yaml(),
                     overwrite=True,
+                    max_shard_bytes=max_shard_bytes,
                 )
             finally:  # a failed write still takes part in the other ranks' gathers
                 for _ in weights:
