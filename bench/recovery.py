@@ -77,7 +77,7 @@ ARMS = {
         model_from="D",
     ),
     "I": Arm("D without lr re-warming (no warmup)", "reconstruct", warmup=0.0, model_from="D"),
-    "K": Arm("D at twice the peak lr", "reconstruct", lr_scale=2.0, model_from="D"),
+    "K": Arm("D at twice the peak lr", "reconstruct", lr_scale=2.0, model_from="D", seeds=SEEDS),
     "J": Arm(
         "E with alpha 0.9, temperature 2",
         "reconstruct",
