@@ -15,6 +15,12 @@ class Family:
     # A source with an active sliding window: True refuses it, False converts it with the
     # context clamped to the window (exact within it).
     refuse_sliding_window: bool = False
+    # Sliding-window layers kept as the source has them (layer_types): the SkipV1 cache holds
+    # layer 0's borrowed value heads for the full context (modeling_skipv1_core).
+    keeps_sliding_window: bool = False
+    # Gemma's RMSNorms around attention and MLP outputs (pre/post_feedforward_layernorm), scaled
+    # embeddings, zero-centred norm weights (x * (1 + w)).
+    gemma_layout: bool = False
     # The calibrated inits (calibrated, reconstruct) run the family's layers through a forward
     # written out by hand (calibrate.py, reconstruct.py); False refuses them for the family.
     calibrated_inits: bool = True
@@ -57,7 +63,22 @@ QWEN3 = Family(
     qk_norm=True,
     refuse_sliding_window=True,
 )
-FAMILIES = (LLAMA, QWEN3)
+GEMMA2 = Family(
+    "gemma2",
+    "Gemma2",
+    {"Gemma2ForCausalLM": "gemma2"},
+    keeps_sliding_window=True,
+    gemma_layout=True,
+)
+GEMMA3_TEXT = Family(
+    "gemma3_text",
+    "Gemma3Text",
+    {"Gemma3ForCausalLM": "gemma3_text"},
+    qk_norm=True,
+    keeps_sliding_window=True,
+    gemma_layout=True,
+)
+FAMILIES = (LLAMA, QWEN3, GEMMA2, GEMMA3_TEXT)
 
 SOURCE_ARCHITECTURES = {arch: kind for f in FAMILIES for arch, kind in f.sources.items()}
 # A config without `architectures` (older or hand-written ones) is recognised by its model_type,
