@@ -11,6 +11,10 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -27,6 +31,8 @@ ARCHS = {
     "mistral": (MistralConfig, MistralForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM),
+    "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
 }
 EOS = "<|endoftext|>"
 # The console script of this environment, for tests that need a real child process (exit codes,
@@ -74,8 +80,8 @@ def tiny_config(arch: str = "llama", **overrides):
     )
     if arch in ("mistral", "qwen2"):
         fields["sliding_window"] = None
-    if arch == "qwen3":
-        fields["head_dim"] = 16  # Qwen3Config's default is 128
+    if arch in ("qwen3", "gemma2", "gemma3_text"):
+        fields["head_dim"] = 16  # Qwen3Config's default is 128, Gemma's 256
     fields.update(overrides)
     return config_cls(**fields)
 

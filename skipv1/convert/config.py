@@ -73,7 +73,8 @@ def skipv1_config(
     put("attention_bias", plan.source.qkv_bias, "q/k/v projections carry a bias")
     put("o_proj_bias", plan.source.o_bias, "output projection bias, separately from q/k/v")
     put("head_dim", plan.source.head_dim, "stated explicitly")
-    _drop_sliding_window(source, out, put, drop)
+    if not family.keeps_sliding_window:  # Gemma keeps its sliding-window layers as they are
+        _drop_sliding_window(source, out, put, drop)
     if dtype is not None:
         put("dtype", dtype, "--dtype")
         drop("torch_dtype", "superseded by dtype")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from ..checkpoint_info import SOURCE_ARCHITECTURES, architecture, default_skip_heads
 from ..errors import SkipV1Error
 from ..families import LLAMA, Family, family_of
-from ..modeling.layout import KVLayout, kv_layout
+from ..modeling.layout import KVLayout, kv_layout, tied_embeddings
 from .inits import DEFAULT_INIT, Init, get_init
 from .names import later_attention_projection
 
@@ -37,6 +37,8 @@ class SourceModel:
     mlp_bias: bool
     tied: bool
     qk_norm: bool = False  # q_norm / k_norm weights of shape (head_dim,) in every layer
+    gemma_layout: bool = False  # pre/post_feedforward_layernorm in every layer
+    windowed_first_layer: bool = False  # see KVLayout
 
     @classmethod
     def from_config(cls, config: dict) -> "SourceModel":
@@ -59,13 +61,20 @@ class SourceModel:
             qkv_bias=qwen2 or attention_bias,
             o_bias=False if qwen2 else attention_bias,
             mlp_bias=bool(config.get("mlp_bias", False)),
-            tied=bool(config.get("tie_word_embeddings", False)),
+            tied=tied_embeddings(config),
             qk_norm=family.qk_norm,
+            gemma_layout=family.gemma_layout,
+            windowed_first_layer=layout.windowed_first_layer,
         )
 
     @property
     def kv(self) -> KVLayout:
-        return KVLayout(self.num_layers, self.num_kv_heads, self.head_dim)
+        return KVLayout(
+            self.num_layers,
+            self.num_kv_heads,
+            self.head_dim,
+            windowed_first_layer=self.windowed_first_layer,
+        )
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor a checkpoint of this config holds (lm_head optional when tied)."""
@@ -95,6 +104,9 @@ class SourceModel:
                 shapes[p + "self_attn.k_norm.weight"] = (self.head_dim,)
             shapes[p + "input_layernorm.weight"] = (h,)
             shapes[p + "post_attention_layernorm.weight"] = (h,)
+            if self.gemma_layout:
+                shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
+                shapes[p + "post_feedforward_layernorm.weight"] = (h,)
         shapes["model.norm.weight"] = (h,)
         shapes["lm_head.weight"] = (self.vocab, h)
         return shapes
