@@ -233,18 +233,24 @@ def assert_loads_without_skipv1(
 ) -> None:
     """In a child process where `import skipv1` fails, `trust_remote_code=True` loads the model
     saved in `model_dir` from its own modeling files and gives `expected` logits for `ids`."""
-    torch.save({"ids": ids, "expected": expected}, work / "expected.pt")
+    assert_all_load_without_skipv1([(model_dir, ids, expected, class_name)], work)
+
+
+def assert_all_load_without_skipv1(cases: list[tuple], work: Path) -> None:
+    """assert_loads_without_skipv1 for several (model_dir, ids, expected, class_name), in one
+    child process (its start-up is most of the cost)."""
+    torch.save([(str(d), i, e, c) for d, i, e, c in cases], work / "expected.pt")
     script = f"""
 import sys
 sys.modules["skipv1"] = None  # any `import skipv1` now fails
 import torch
 from transformers import AutoModelForCausalLM
-m = AutoModelForCausalLM.from_pretrained({str(model_dir)!r}, trust_remote_code=True).eval()
-assert type(m).__module__.startswith("transformers_modules"), type(m).__module__
-assert type(m).__name__ == {class_name!r}, type(m).__name__
-data = torch.load({str(work / "expected.pt")!r})
-with torch.no_grad():
-    torch.testing.assert_close(m(data["ids"]).logits, data["expected"])
+for model_dir, ids, expected, class_name in torch.load({str(work / "expected.pt")!r}):
+    m = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True).eval()
+    assert type(m).__module__.startswith("transformers_modules"), type(m).__module__
+    assert type(m).__name__ == class_name, type(m).__name__
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids).logits, expected)
 print("OK")
 """
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

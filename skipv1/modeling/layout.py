@@ -61,9 +61,7 @@ def kv_layout(config: Any) -> KVLayout:
         and types[:1] == ["sliding_attention"]
         and "full_attention" in types[1:]
     )
-    return KVLayout(
-        get("num_hidden_layers"), n_kv, head_dim, get("skip_v_heads", 0) or 0, windowed
-    )
+    return KVLayout(get("num_hidden_layers"), n_kv, head_dim, get("skip_v_heads", 0) or 0, windowed)
 
 
 def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:

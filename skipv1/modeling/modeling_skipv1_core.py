@@ -424,6 +424,16 @@ class SkipV1PreTrainedMixin:
         use_skipv1_static_layers(cache, self.config)
         return cache
 
+    def init_continuous_batching(self, *args, **kwargs):
+        # transformers' sliding-window page allocator sizes every layer's value pages for n_kv
+        # heads and keeps only the window of layer 0, which later global layers borrow from
+        if self.config.skip_v_heads and self.config.has_sliding_layers():
+            raise ValueError(
+                "SkipV1 with sliding-window layers does not support continuous batching "
+                "(generate_batch, paged attention) yet: use generate() with the dynamic cache."
+            )
+        return super().init_continuous_batching(*args, **kwargs)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         path = pretrained_model_name_or_path

@@ -1,0 +1,251 @@
+"""The Gemma 2 and Gemma 3 text families: SkipV1 on transformers' Gemma classes (sliding-window
+and global layers, soft-capping, q/k norms, scaled embeddings, query_pre_attn_scalar), from tiny
+random models made by transformers, on sequences longer than the sliding window: s = 0 is the
+stock model; uncached == DynamicCache == token by token == greedy generate; layer 0's cache keeps
+its borrowed heads for the full context and the measured cache bytes equal the formula; static
+cache and continuous batching are refused; `skipv1 convert` output loads with and without
+skipv1."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    DynamicCache,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GenerationConfig,
+)
+
+from skipv1 import (
+    SkipV1Gemma2Config,
+    SkipV1Gemma2ForCausalLM,
+    SkipV1Gemma3TextConfig,
+    SkipV1Gemma3TextForCausalLM,
+)
+from skipv1.checkpoint_info import describe
+from skipv1.convert.plan import make_plan
+from skipv1.evaluate.kv_memory import measure_kv
+from skipv1.modeling.layout import KVLayout, kv_layout
+from tests.factories import assert_all_load_without_skipv1, make_checkpoint
+
+VOCAB, WINDOW, LENGTH = 97, 5, 14  # every test sequence runs past the window
+SHAPE = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_hidden_layers=4,
+    intermediate_size=64,
+    vocab_size=VOCAB,
+    max_position_embeddings=128,
+    sliding_window=WINDOW,
+    query_pre_attn_scalar=12,  # != head_dim: the scaling must be Gemma's
+)
+# family -> (stock config, stock model, SkipV1 config, SkipV1 model, family-specific fields)
+FAMILIES = {
+    "gemma2": (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        SkipV1Gemma2Config,
+        SkipV1Gemma2ForCausalLM,
+        # small caps, so that the soft-capping changes the scores and logits
+        dict(attn_logit_softcapping=1.5, final_logit_softcapping=4.0),
+    ),
+    "gemma3_text": (
+        Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        SkipV1Gemma3TextConfig,
+        SkipV1Gemma3TextForCausalLM,
+        # layers: sliding, global, sliding, global (a global layer every 2nd, not every 6th)
+        dict(sliding_window_pattern=2, rope_local_base_freq=100.0),
+    ),
+}
+ATTENTION = [("gemma2", "eager"), ("gemma3_text", "eager"), ("gemma3_text", "sdpa")]
+
+
+def _nontrivial_norms(model):
+    """Gemma's RMSNorms scale by (1 + w) and start at w = 0: move them away from it, so that a
+    forward that skipped a norm (the q/k norms above all) would show."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(-0.5, 0.5)
+    return model
+
+
+def stock(family: str, attn: str = "eager"):
+    config_cls, model_cls, _, _, extra = FAMILIES[family]
+    torch.manual_seed(0)
+    config = config_cls(**SHAPE, **extra)
+    config._attn_implementation = attn
+    return _nontrivial_norms(model_cls(config).eval())
+
+
+def skipv1_model(family: str, s: int, attn: str = "eager"):
+    _, _, config_cls, model_cls, extra = FAMILIES[family]
+    torch.manual_seed(0)
+    config = config_cls(**SHAPE, **extra, skip_v_heads=s)
+    config._attn_implementation = attn
+    return _nontrivial_norms(model_cls(config).eval())
+
+
+def ids(batch=2, length=LENGTH, seed=1):
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("family,attn", ATTENTION)
+def test_zero_skip_equals_stock_gemma(family, attn):
+    source = stock(family, attn)
+    skip = skipv1_model(family, 0, attn)
+    assert skip.config.layer_types == source.config.layer_types
+    assert skip.config.layer_types[:2] == ["sliding_attention", "full_attention"]
+    skip.load_state_dict(source.state_dict())
+    with torch.no_grad():
+        assert torch.equal(skip(ids()).logits, source(ids()).logits)
+
+
+@pytest.mark.parametrize("family,attn", ATTENTION)
+def test_uncached_cached_and_token_by_token_agree_beyond_the_window(family, attn):
+    model = skipv1_model(family, 1, attn)
+    x = ids()
+    with torch.no_grad():
+        full = model(x).logits
+        for prefill in (3, 9):  # prefill within the window, and past it
+            cache = DynamicCache(config=model.config)
+            logits = [model(x[:, :prefill], cache=cache, use_cache=True).logits]
+            for t in range(prefill, LENGTH):
+                logits.append(model(x[:, t : t + 1], cache=cache, use_cache=True).logits)
+            torch.testing.assert_close(torch.cat(logits, dim=1), full, atol=1e-5, rtol=0)
+            # layer 0 holds its window, and its borrowed head for every position
+            assert cache.layers[0].keys.shape[2] == WINDOW - 1
+            assert cache.layers[0].borrowed_values.shape == (2, 1, LENGTH, 16)
+
+    prompt = ids(batch=1, length=4)
+    generated = model.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    tokens = prompt
+    with torch.no_grad():  # greedy, token by token, with no cache at all
+        for _ in range(8):
+            nxt = model(tokens).logits[:, -1].argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, nxt], dim=1)
+    assert torch.equal(generated, tokens)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cache_bytes_match_the_formula(family):
+    model = skipv1_model(family, 1)
+    kv = measure_kv(model, ids(batch=1, length=20))
+    assert kv.cached_tokens == 21 and kv.matches_formula
+    # layer 0: 2 key + 2 value heads in the window, plus 1 borrowed value head per token; later
+    # layers: 2 key heads and their 1 own value head
+    expected = 4 * 16 * (4 + 3 * 3 + 1)
+    assert kv.bytes_per_token == expected == KVLayout(4, 2, 16, 1, True).bytes_per_token(4)
+    assert kv_layout(model.config).windowed_first_layer
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_static_cache_and_continuous_batching_are_refused_clearly(family):
+    model = skipv1_model(family, 1)
+    with pytest.raises(ValueError, match="static cache"):
+        model.generate(ids(1, 6), max_new_tokens=2, cache_implementation="static", pad_token_id=0)
+    config = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    with pytest.raises(ValueError, match="continuous batching"):
+        model.generate_batch([[3, 4, 5]], generation_config=config)
+
+
+# --- convert ----------------------------------------------------------------------------------
+
+
+def gemma_source(tmp_path, family, tokenizer_dir=None) -> Path:
+    extra = {k: v for k, v in FAMILIES[family][4].items() if k != "rope_local_base_freq"}
+    path = make_checkpoint(
+        tmp_path / f"src-{family}",
+        arch=family,
+        tokenizer_dir=tokenizer_dir,
+        num_key_value_heads=2,
+        num_hidden_layers=4,
+        sliding_window=8,
+        **extra,
+    )
+    model = AutoModelForCausalLM.from_pretrained(path)
+    _nontrivial_norms(model).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_plan_and_inspect_follow_the_gemma_layout(tmp_path, family):
+    src = gemma_source(tmp_path, family)
+    config = json.loads((src / "config.json").read_text())
+    plan = make_plan(config, 1, "keep")
+    norms = ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    norms += ["self_attn.q_norm", "self_attn.k_norm"] if family == "gemma3_text" else []
+    for norm in norms:
+        assert plan.tasks[f"model.layers.3.{norm}.weight"].action == "copy"
+    assert "lm_head.weight" in plan.source.optional_tensors()  # Gemma ties its embeddings
+    assert plan.tasks["model.layers.1.self_attn.v_proj.weight"].target_shape == (16, 64)
+    assert plan.kv_after.bytes_per_token(2) == 2 * 16 * (4 + 3 * 3 + 1)
+
+    info = describe(src, skip_v_heads=1)
+    source = AutoModelForCausalLM.from_pretrained(src)
+    assert info["parameters"] == sum(p.numel() for p in source.parameters())
+    config_cls, model_cls = FAMILIES[family][2:4]
+    skip = model_cls(config_cls(**source.config.to_dict(), skip_v_heads=1))
+    assert info["parameters_skipv1"] == sum(p.numel() for p in skip.parameters())
+    assert info["kv_bytes_per_token_skipv1_bf16"] == plan.kv_after.bytes_per_token(2)
+
+
+def test_convert_keep_loads_with_auto_classes_and_remote_code(tmp_path, cli):
+    children = []  # one child process loads both families without skipv1
+    for family in FAMILIES:
+        children.append(_convert_keep_and_check(tmp_path, family, cli))
+    assert_all_load_without_skipv1(children, tmp_path)
+
+
+def _convert_keep_and_check(tmp_path, family, cli) -> tuple:
+    src = gemma_source(tmp_path, family)
+    dst = tmp_path / f"dst-{family}"
+    dry = cli("convert", str(src), str(dst), "--init", "keep", "--skip-heads", "1", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert not dst.exists()
+    result = cli("convert", str(src), str(dst), "--init", "keep", "--skip-heads", "1", "--quiet")
+    assert result.exit_code == 0, result.output
+
+    config = json.loads((dst / "config.json").read_text())
+    prefix = FAMILIES[family][3].__name__.removesuffix("ForCausalLM")
+    assert config["model_type"] == f"skipv1_{family}"
+    assert config["architectures"] == [f"{prefix}ForCausalLM"]
+    auto = config["auto_map"]["AutoModelForCausalLM"]
+    assert auto == f"modeling_skipv1_{family}.{prefix}ForCausalLM"
+    assert config["sliding_window"] == 8 and config["layer_types"][0] == "sliding_attention"
+    record = json.loads((dst / "skipv1_conversion.json").read_text())
+    assert record["skip_heads"] == 1 and record["init"] == "keep"
+    assert "SkipV1" in (dst / "README.md").read_text()
+
+    # --init keep == the source's weights with later layers' v_proj cut to their first head
+    source = AutoModelForCausalLM.from_pretrained(src).eval()
+    state = {
+        k: v[:16] if ".v_proj." in k and not k.startswith("model.layers.0.") else v
+        for k, v in source.state_dict().items()
+    }
+    config_cls, model_cls = FAMILIES[family][2:4]
+    expected = model_cls(config_cls(**source.config.to_dict(), skip_v_heads=1)).eval()
+    expected.load_state_dict(state)
+    x = ids(length=20, seed=4)  # longer than the window of 8
+    with torch.no_grad():
+        want = expected(x).logits
+        model = AutoModelForCausalLM.from_pretrained(dst).eval()
+        assert type(model) is model_cls
+        torch.testing.assert_close(model(x).logits, want, rtol=0, atol=0)
+    return dst, x, want, model_cls.__name__
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_calibrated_inits_are_refused_for_gemma_naming_the_alternatives(tmp_path, family, cli):
+    src = gemma_source(tmp_path, family)
+    result = cli("convert", str(src), str(tmp_path / "dst"), "--skip-heads", "1", "--quiet")
+    assert result.exit_code == 2, result.output
+    assert "--init keep" in result.output and not (tmp_path / "dst").exists()
