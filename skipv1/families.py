@@ -69,7 +69,6 @@ GEMMA2 = Family(
     {"Gemma2ForCausalLM": "gemma2"},
     keeps_sliding_window=True,
     gemma_layout=True,
-    calibrated_inits=False,
 )
 GEMMA3_TEXT = Family(
     "gemma3_text",
@@ -78,7 +77,6 @@ GEMMA3_TEXT = Family(
     qk_norm=True,
     keeps_sliding_window=True,
     gemma_layout=True,
-    calibrated_inits=False,
 )
 FAMILIES = (LLAMA, QWEN3, GEMMA2, GEMMA3_TEXT)
 

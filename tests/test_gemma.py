@@ -169,10 +169,15 @@ def gemma_source(tmp_path, family, tokenizer_dir=None) -> Path:
         num_key_value_heads=2,
         num_hidden_layers=4,
         sliding_window=8,
+        query_pre_attn_scalar=4,
         **extra,
     )
-    model = AutoModelForCausalLM.from_pretrained(path)
-    _nontrivial_norms(model).save_pretrained(path)
+    model = _nontrivial_norms(AutoModelForCausalLM.from_pretrained(path))
+    with torch.no_grad():  # attention scores of order 1, so that capping and masks matter
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(10.0)
+    model.save_pretrained(path)
     return path
 
 
@@ -243,9 +248,69 @@ def _convert_keep_and_check(tmp_path, family, cli) -> tuple:
     return dst, x, want, model_cls.__name__
 
 
+CALIB = ["--calib-data", "embedded:train", "--calib-tokens", "1024", "--calib-seq-len", "64"]
+
+
+def test_every_init_converts_gemma_and_the_fitted_ones_are_closest(tmp_path, tokenizer_dir, cli):
+    """On a Gemma 3 (the fitted inits' forward is checked against the model's in
+    test_the_fitted_inits_forward_is_the_models, for both families): reconstruct < calibrated <
+    mean in logit error."""
+    family = "gemma3_text"
+    src = gemma_source(tmp_path, family, tokenizer_dir)
+    tokens = ids(batch=4, length=48, seed=3)  # 6 windows long
+    source = AutoModelForCausalLM.from_pretrained(src).eval()
+    errors = {}
+    for init in ("mean", "calibrated", "reconstruct"):
+        dst = tmp_path / init
+        args = ["convert", str(src), str(dst), "--init", init, "--skip-heads", "1", "--quiet"]
+        # reconstruct without its last (end-to-end) stage: the layer-by-layer refits alone must
+        # follow Gemma's forward
+        extra = CALIB + (["--calib-distill-steps", "0"] if init == "reconstruct" else [])
+        result = cli(*args, *(extra if init != "mean" else []))
+        assert result.exit_code == 0, result.output
+        model = AutoModelForCausalLM.from_pretrained(dst).eval()
+        with torch.no_grad():
+            errors[init] = (model(tokens).logits - source(tokens).logits).pow(2).mean().item()
+    assert errors["reconstruct"] < errors["calibrated"] < errors["mean"], errors
+
+
+def test_the_default_init_converts_a_gemma(tmp_path, tokenizer_dir, cli):
+    src = gemma_source(tmp_path, "gemma3_text", tokenizer_dir)
+    dst = tmp_path / "dst"
+    result = cli("convert", str(src), str(dst), "--quiet", *CALIB, "--calib-distill-steps", "2")
+    assert result.exit_code == 0, result.output
+    record = json.loads((dst / "skipv1_conversion.json").read_text())
+    assert record["init"] == "reconstruct" and record["skip_heads"] == 1
+    assert record["calibration"]["distill"]["steps"] == 2
+    model = AutoModelForCausalLM.from_pretrained(dst).eval()
+    assert type(model) is SkipV1Gemma3TextForCausalLM
+    with torch.no_grad():
+        assert torch.isfinite(model(ids(length=20)).logits).all()
+
+
 @pytest.mark.parametrize("family", FAMILIES)
-def test_calibrated_inits_are_refused_for_gemma_naming_the_alternatives(tmp_path, family, cli):
+def test_the_fitted_inits_forward_is_the_models(tmp_path, family):
+    """calibrated and reconstruct run the source's layers through a forward written out by hand
+    (to reach attention probabilities and values): it must be Gemma's, every layer's output equal
+    to the model's (scaled embeddings, local/global RoPE, windows, soft-capping, q/k norms, the
+    norms around attention and MLP)."""
+    from safetensors.torch import load_file
+
+    from skipv1.convert import calibrate, reconstruct
+
     src = gemma_source(tmp_path, family)
-    result = cli("convert", str(src), str(tmp_path / "dst"), "--skip-heads", "1", "--quiet")
-    assert result.exit_code == 2, result.output
-    assert "--init keep" in result.output and not (tmp_path / "dst").exists()
+    source_config = json.loads((src / "config.json").read_text())
+    config = calibrate.source_config({**source_config, "model_type": f"skipv1_{family}"})
+    state = load_file(src / "model.safetensors")
+
+    def load(names):
+        return {name: state[name] for name in names}
+
+    x = ids(length=24, seed=5)  # three windows
+    model = AutoModelForCausalLM.from_pretrained(src).eval()
+    with torch.no_grad():
+        want = model(x, output_hidden_states=True).hidden_states[1:-1]  # the last one is normed
+    for forward in (calibrate.source_hidden_states, reconstruct.source_hidden_states):
+        got = forward(config, load, x)
+        for i, expected in enumerate(want):
+            torch.testing.assert_close(got[i], expected, atol=1e-4, rtol=1e-4, msg=f"layer {i}")

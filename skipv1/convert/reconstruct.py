@@ -32,7 +32,21 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
-from .calibrate import RIDGE_GRID, LoadTensors, _GramStats, _load_layer, _rotary, _take_heads
+from .calibrate import (
+    RIDGE_GRID,
+    LoadTensors,
+    _GramStats,
+    _load_layer,
+    _take_heads,
+    after_attention,
+    after_mlp,
+    allowed,
+    attention_probs,
+    embed_inputs,
+    gemma_layer,
+    mlp_norm,
+    rotary_tables,
+)
 
 METHOD = (
     "two-stream layer-by-layer reconstruction: per layer, head choice on the converted "
@@ -66,6 +80,7 @@ class _Attention:
     def __init__(self, layer, order: list[int], own: int):
         attn = layer.self_attn
         self.layer, self.d, self.scaling = layer, attn.head_dim, attn.scaling
+        self.softcap = attn.attention_kwargs().get("softcap")
         self.group = attn.num_key_value_groups
         queries = [h * self.group + r for h in order for r in range(self.group)]
         self.q = _permuted(attn.q_proj, queries, self.d)
@@ -88,8 +103,15 @@ class _Attention:
         if borrowed is not None:
             v = torch.cat([v, borrowed], dim=1)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+        if self.softcap:  # SDPA cannot cap the logits (Gemma 2)
+            out = attention_probs(self.layer.self_attn, q, k) @ repeat_kv(v, self.group)
+        else:
+            k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)
+            sliding = self.layer.self_attn.attention_kwargs().get("sliding_window")
+            mask = allowed(self.layer.self_attn, t, hidden.device) if sliding else None
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scaling
+            )
         return out.transpose(1, 2).reshape(b, t, -1)
 
     @property
@@ -107,12 +129,12 @@ def _permuted(linear, heads: list[int], d: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def _mlp(layer, hidden):
-    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    return after_mlp(layer, hidden)
 
 
 def _down_input(layer, hidden):
     """What the MLP's down_proj reads: act(gate(x)) * up(x)."""
-    x = layer.post_attention_layernorm(hidden)
+    x = mlp_norm(layer)(hidden)
     return layer.mlp.act_fn(layer.mlp.gate_proj(x)) * layer.mlp.up_proj(x)
 
 
@@ -133,22 +155,26 @@ def reconstruct(
     """Fits every later layer; `config` describes the source (its skip_v_heads must be 0)."""
     result = Reconstruction()
     own = config.num_key_value_heads - skip_heads
-    embed = load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
-    hidden = embed.float()[input_ids].to(device)
-    positions = torch.arange(input_ids.shape[1], device=device).unsqueeze(0)
-    cos, sin = _rotary(config).to(device)(hidden[:1], positions)
+    hidden = embed_inputs(config, load, input_ids).to(device)
+    tables = rotary_tables(config, hidden)
+    cos, sin = tables[0]
     batches = _batches(hidden.shape[0], batch_size)
     # Layer 0 is unchanged: both streams leave it equal; its values are what later layers borrow.
     layer = _load_layer(config, load, 0).to(device)
     first = _Attention(layer, list(range(config.num_key_value_heads)), config.num_key_value_heads)
     borrowed = torch.cat([_values(first, hidden[b])[:, own:] for b in batches])
-    source = torch.cat([_mlp(layer, hidden[b] + first(hidden[b], cos, sin)) for b in batches])
+    source = torch.cat(
+        [
+            _mlp(layer, after_attention(layer, hidden[b], first(hidden[b], cos, sin)))
+            for b in batches
+        ]
+    )
     converted = source
     if on_layer:
         on_layer(0)
     for i in range(1, config.num_hidden_layers):
         layer = _load_layer(config, load, i).to(device)
-        fit = _LayerFit(layer, config, skip_heads, cos, sin, batches)
+        fit = _LayerFit(layer, config, skip_heads, *tables[i], batches)
         source, converted, result.layers[i] = fit.run(source, converted, borrowed)
         prefix = f"model.layers.{i}."
         for name, tensor in fit.tensors().items():
@@ -157,6 +183,21 @@ def reconstruct(
         if on_layer:
             on_layer(i)
     return result
+
+
+@torch.no_grad()
+def source_hidden_states(config, load: LoadTensors, input_ids: torch.Tensor) -> list[torch.Tensor]:
+    """The source stream of the reconstruct init after each layer (its own attention and MLP
+    written out); the model's own forward gives the same (tests/test_gemma.py)."""
+    hidden = embed_inputs(config, load, input_ids)
+    tables, states = rotary_tables(config, hidden), []
+    kv = config.num_key_value_heads
+    for i in range(config.num_hidden_layers):
+        layer = _load_layer(config, load, i)
+        attn = _Attention(layer, list(range(kv)), kv)
+        hidden = _mlp(layer, after_attention(layer, hidden, attn(hidden, *tables[i])))
+        states.append(hidden)
+    return states
 
 
 def _values(attn: _Attention, hidden: torch.Tensor) -> torch.Tensor:
@@ -175,26 +216,39 @@ class _LayerFit:
 
     def run(self, source, converted, borrowed):
         kv = self.config.num_key_value_heads
-        src_attn = _Attention(self.layer, list(range(kv)), kv)
-        src_mid = self._map(lambda b: source[b] + src_attn(source[b], self.cos, self.sin))
-        src_out = self._map(lambda b: _mlp(self.layer, src_mid[b]))
+        layer = self.layer
+        src_attn = _Attention(layer, list(range(kv)), kv)
+        src_o = self._map(lambda b: src_attn(source[b], self.cos, self.sin))
+        src_mid = self._map(lambda b: after_attention(layer, source[b], src_o[b]))
+        src_out = self._map(lambda b: _mlp(layer, src_mid[b]))
         order, choice_error = self._choose_heads(converted, borrowed)
-        self.attn = _Attention(self.layer, order, self.own)
+        self.attn = _Attention(layer, order, self.own)
         mixed = lambda b: self.attn.mixed(converted[b], self.cos, self.sin, borrowed[b])  # noqa: E731
-        # o_proj: converted + attention ~ the source's stream after attention.
+        # o_proj: converted + attention ~ the source's stream after attention. Gemma normalises
+        # the o_proj output before adding it (post_attention_layernorm), which no linear fit can
+        # invert: there the target is the source's o_proj output itself.
+        gemma = gemma_layer(layer)
+        attention_target = (  # noqa: E731
+            (lambda b: src_o[b]) if gemma else (lambda b: src_mid[b] - converted[b])
+        )
         self.attn.o_weight, o_ridge = _ridge_fit(
-            self._pairs(mixed, lambda b: src_mid[b] - converted[b], self.attn.o_bias),
-            self.attn.o_weight,
+            self._pairs(mixed, attention_target, self.attn.o_bias), self.attn.o_weight
         )
         mid = self._map(
-            lambda b: converted[b] + self.attn(converted[b], self.cos, self.sin, borrowed[b])
+            lambda b: after_attention(
+                layer, converted[b], self.attn(converted[b], self.cos, self.sin, borrowed[b])
+            )
         )
-        # down_proj: mid + MLP ~ the source layer's output.
-        down = self.layer.mlp.down_proj
+        # down_proj: mid + MLP ~ the source layer's output (Gemma: the source's MLP output,
+        # before its post_feedforward_layernorm, for the same reason).
+        down = layer.mlp.down_proj
+        mlp_target = (  # noqa: E731
+            (lambda b: layer.mlp(mlp_norm(layer)(src_mid[b])))
+            if gemma
+            else (lambda b: src_out[b] - mid[b])
+        )
         down.weight.data, down_ridge = _ridge_fit(
-            self._pairs(
-                lambda b: _down_input(self.layer, mid[b]), lambda b: src_out[b] - mid[b], down.bias
-            ),
+            self._pairs(lambda b: _down_input(layer, mid[b]), mlp_target, down.bias),
             down.weight.detach(),
         )
         out = self._map(lambda b: _mlp(self.layer, mid[b]))
@@ -254,9 +308,7 @@ def _probs_and_mix(attn: _Attention, hidden, cos, sin):
     v = F.linear(x, attn.layer.self_attn.v_proj.weight, attn.layer.self_attn.v_proj.bias)
     v = v.view(b, t, -1, attn.d).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    scores = q @ repeat_kv(k, attn.group).transpose(2, 3) * attn.scaling
-    causal = torch.ones(t, t, dtype=torch.bool, device=hidden.device).triu(1)
-    probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+    probs = attention_probs(attn.layer.self_attn, q, k)
     return probs, probs @ repeat_kv(v, attn.group)
 
 
