@@ -314,3 +314,41 @@ def test_the_fitted_inits_forward_is_the_models(tmp_path, family):
         got = forward(config, load, x)
         for i, expected in enumerate(want):
             torch.testing.assert_close(got[i], expected, atol=1e-4, rtol=1e-4, msg=f"layer {i}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_beam_search_reorders_the_borrowed_value_store(family):
+    """Beam search repeats and reorders the cache's batch: the store must follow, giving the
+    beams of a cache that keeps every position in every layer (no window, no store)."""
+    model = skipv1_model(family, 1)
+    prompt = ids(batch=2, length=6)
+    kwargs = dict(max_new_tokens=10, num_beams=3, do_sample=False, pad_token_id=0)
+    out = model.generate(prompt, **kwargs, return_dict_in_generate=True)
+    assert out.cache.layers[0].borrowed_values.shape[2] == 15  # past the window of 5
+    assert torch.equal(out.sequences, model.generate(prompt, **kwargs, cache=DynamicCache()))
+
+
+@pytest.mark.parametrize(
+    "types",
+    [
+        ["full_attention", "sliding_attention", "sliding_attention", "full_attention"],  # Qwen2's
+        ["sliding_attention"] * 4,  # Mistral's
+    ],
+)
+def test_other_layer_patterns_borrow_at_the_right_positions(types):
+    """A sliding layer borrowing from a global layer 0 reads its last positions; with every
+    layer sliding, layer 0's window is all they need (no store, no `+ s`)."""
+    _, _, config_cls, model_cls, extra = FAMILIES["gemma3_text"]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**SHAPE, **extra, layer_types=types, skip_v_heads=1)).eval()
+    x = ids()
+    with torch.no_grad():
+        full = model(x).logits
+        cache = DynamicCache(config=model.config)
+        logits = [model(x[:, :3], cache=cache, use_cache=True).logits]
+        for t in range(3, LENGTH):
+            logits.append(model(x[:, t : t + 1], cache=cache, use_cache=True).logits)
+    torch.testing.assert_close(torch.cat(logits, dim=1), full, atol=1e-5, rtol=0)
+    assert not hasattr(cache.layers[0], "borrowed_values")
+    assert not kv_layout(model.config).windowed_first_layer
+    assert measure_kv(model, ids(batch=1, length=20)).matches_formula
