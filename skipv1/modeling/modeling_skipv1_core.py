@@ -169,7 +169,7 @@ def first_layer_cache(cache: Cache, borrowed_from: int) -> "SkipV1SlidingWindowL
         return layer
     if type(layer) is DynamicSlidingWindowLayer and not layer.is_initialized:
         layers[0] = SkipV1SlidingWindowLayer(layer.sliding_window, borrowed_from)
-        if layer.record_past:
+        if getattr(layer, "record_past", False):  # assisted decoding rolls the cache back
             layers[0].activate_past_recording()
         return layers[0]
     if type(layer) in (DynamicLayer, StaticLayer):
