@@ -193,6 +193,10 @@ def test_plan_and_inspect_follow_the_gemma_layout(tmp_path, family):
     assert "lm_head.weight" in plan.source.optional_tensors()  # Gemma ties its embeddings
     assert plan.tasks["model.layers.1.self_attn.v_proj.weight"].target_shape == (16, 64)
     assert plan.kv_after.bytes_per_token(2) == 2 * 16 * (4 + 3 * 3 + 1)
+    # a config.json without layer_types (older Hub files) gets transformers' default pattern
+    pattern = {k: v for k, v in config.items() if k != "layer_types"}
+    assert kv_layout(pattern).windowed_first_layer
+    assert make_plan(pattern, 1, "keep").kv_after == plan.kv_after
 
     info = describe(src, skip_v_heads=1)
     source = AutoModelForCausalLM.from_pretrained(src)
