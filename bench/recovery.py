@@ -45,9 +45,15 @@ SEEDS = 3
 class Arm:
     label: str
     init: str | None  # `skipv1 convert --init`; None: the source itself; "gqa": pooled GQA
-    distill: bool = False  # distillation from the source (alpha 0.5, T 1)
+    distill: bool = False  # distillation from the source
     gradual: float = 0.0  # model.gradual_fraction
     seeds: int = 1  # data orders (data.seed 2, 3, ...)
+    alpha: float = 0.5  # distill.alpha
+    temperature: float = 1.0  # distill.temperature
+    warmup: float = 0.1  # optim.warmup_fraction (0: no lr re-warming)
+    attention_first: float = 0.0  # optim.attention_first_fraction
+    lr_scale: float = 1.0  # peak lr as a multiple of the scale's arm_lr
+    model_from: str | None = None  # start from this arm's converted checkpoint (same init)
 
 
 ARMS = {
@@ -63,6 +69,23 @@ ARMS = {
         gradual=0.3,
     ),
     "F": Arm("GQA n_kv/2 (mean-pooled K/V, Ainslie)", "gqa"),
+    # the uptraining options of issue 12, each one change from (D) or (E), on D's checkpoint
+    "H": Arm(
+        "D + attention only for the first third",
+        "reconstruct",
+        attention_first=1 / 3,
+        model_from="D",
+    ),
+    "I": Arm("D without lr re-warming (no warmup)", "reconstruct", warmup=0.0, model_from="D"),
+    "K": Arm("D at twice the peak lr", "reconstruct", lr_scale=2.0, model_from="D"),
+    "J": Arm(
+        "E with alpha 0.9, temperature 2",
+        "reconstruct",
+        distill=True,
+        alpha=0.9,
+        temperature=2.0,
+        model_from="D",
+    ),
 }
 SKIPV1_ARMS = [a for a, spec in ARMS.items() if spec.init not in (None, "gqa")]
 
@@ -186,15 +209,16 @@ def recipe(
     pretrain: bool,
     teacher: Path | None,
     seed: int = 0,
-    gradual: float = 0.0,
+    arm: Arm | None = None,
 ) -> dict:
     """Pretraining and every arm share this; the arms differ only in `model.path`, `distill`,
-    `model.gradual_fraction` and their seed (the data order)."""
+    their `Arm` options and their seed (the data order)."""
+    arm = arm or Arm("pretraining", None)
     t = scale.pretrain_tokens
     steps = 100 * scale.steps_per_pct if pretrain else 15 * scale.steps_per_pct
     blocks = scale.batch_tokens // scale.seq_len
     return {
-        "model": {"path": str(model), "dtype": "float32", "gradual_fraction": gradual},
+        "model": {"path": str(model), "dtype": "float32", "gradual_fraction": arm.gradual},
         "data": {
             "train": str(data / "train.jsonl"),
             "eval": str(data / "valid.jsonl"),
@@ -208,9 +232,10 @@ def recipe(
             "micro_batch_size": min(blocks, max(16, 4096 // scale.seq_len)),
         },
         "optim": {
-            "lr": scale.pretrain_lr if pretrain else scale.arm_lr,
-            "warmup_fraction": 0.05 if pretrain else 0.1,
+            "lr": scale.pretrain_lr if pretrain else scale.arm_lr * arm.lr_scale,
+            "warmup_fraction": 0.05 if pretrain else arm.warmup,
             "min_lr_ratio": MIN_LR_RATIO,
+            "attention_first_fraction": arm.attention_first,
         },
         "deepspeed": {"zero_stage": 0},
         "eval": {
@@ -219,7 +244,11 @@ def recipe(
         },
         "checkpoint": {"every": 0, "keep_last": 1},
         "log": {"progress": False, "tensorboard": False},
-        "distill": {"teacher": str(teacher) if teacher else None, "alpha": 0.5, "temperature": 1.0},
+        "distill": {
+            "teacher": str(teacher) if teacher else None,
+            "alpha": arm.alpha,
+            "temperature": arm.temperature,
+        },
         "export": pretrain,
     }
 
@@ -254,6 +283,10 @@ def arm_model(arm: str, source: Path, data: Path, scale: Scale, out: Path) -> Pa
     init = ARMS[arm].init
     if init is None:
         return source
+    if ARMS[arm].model_from:
+        return arm_model(
+            ARMS[arm].model_from, source, data, scale, out.parent / ARMS[arm].model_from
+        )
     model = out / "model"
     if (model / "config.json").is_file():
         return model
@@ -349,7 +382,7 @@ def summarize(root: Path, scale: Scale, source: Path) -> dict:
     arms = {}
     for arm, spec in ARMS.items():
         curves = [eval_curve(d / "run", scale) for d in seed_dirs(root, arm)]
-        model = source if spec.init is None else root / arm / "model"
+        model = source if spec.init is None else root / (spec.model_from or arm) / "model"
         mean = [(pts[0][0], sum(p[1] for p in pts) / len(pts)) for pts in zip(*curves, strict=True)]
         arms[arm] = {
             "curves": curves,
@@ -447,6 +480,18 @@ def _cell(at: dict) -> str:
     return f"{at['mean']:.3f} [{at['min']:.3f}, {at['max']:.3f}]"
 
 
+def paired_rows(s: dict) -> list[str]:
+    """Seed 0 of (D), (E) and the one-change arms at each reported point."""
+    arms = [a for a in ("D", "E", "H", "I", "K", "J") if a in s["arms"]]
+    rows = ["| arm | " + " | ".join(f"{p:g}% of T" for p in POINTS) + " |"]
+    rows.append("|---" * (len(POINTS) + 1) + "|")
+    for arm in arms:
+        curve = s["arms"][arm]["curves"][0]
+        cells = " | ".join(f"{ppl_at(curve, p):.3f}" for p in POINTS)
+        rows.append(f"| ({arm}) {ARMS[arm].label} | {cells} |")
+    return rows
+
+
 def write_report(s: dict, args, scale: Scale, work: Path, out: Path, command: str) -> None:
     from skipv1.checkpoint_info import read_config
     from skipv1.modeling.layout import count_parameters
@@ -536,6 +581,12 @@ started under `nice`):
   layer's own source values to layer 0's over the first 30% of the steps (4.5% of T; its
   "reaches" column counts from there, when the model is a SkipV1 model). GQA: K and V heads
   mean-pooled in adjacent pairs (`skipv1.convert.gqa`), a plain Llama checkpoint.
+- Uptraining options (issue 12, item 1), one change each from (D), or from (E) for (J), on D's
+  converted checkpoint, one seed: (H) only the attention modules train for the first third of
+  the steps (`optim.attention_first_fraction: 0.333`, the rest held at lr 0); (I) no lr
+  re-warming (`optim.warmup_fraction: 0`: the arm starts at its peak lr); (K) twice the peak
+  lr; (J) distillation alpha 0.9, temperature 2. Seed 0 of every arm sees the same batches, so
+  the paired table below compares them with seed 0 of (D) and (E).
 - Compute column: training FLOPs of the arm's 15% of T (6 x its parameters x tokens, plus
   2 x the teacher's parameters x tokens with distillation) as a share of the source's
   pretraining FLOPs. KV bytes/token: the formula of docs/design.md at 2 bytes per value.
@@ -550,6 +601,10 @@ Source validation perplexity: **{s["source_ppl"]:.3f}**. Cells: mean of the seed
 {chr(10).join(rows)}
 
 ![recovery curves]({report_stem(args)}.png)
+
+## Uptraining options, paired on seed 0 (validation perplexity)
+
+{chr(10).join(paired_rows(s))}
 
 ## Goals (issue 12)
 
@@ -639,7 +694,7 @@ def main() -> None:
                     pretrain=False,
                     teacher=teacher,
                     seed=k,
-                    gradual=spec.gradual,
+                    arm=spec,
                 )
                 uptrain(config, out)
 

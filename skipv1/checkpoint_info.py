@@ -11,6 +11,7 @@ from .families import (
     SKIPV1_ARCHITECTURES,
     SKIPV1_MODEL_TYPES,
     SOURCE_ARCHITECTURES,
+    standard_fields,
 )
 from .modeling.layout import count_parameters, kv_layout
 
@@ -39,7 +40,7 @@ def read_config(path: "str | Path") -> dict:
         ) from None
     if not isinstance(config, dict):
         raise SkipV1Error(f"{config_file} is not a JSON object: repair or re-download it")
-    return config
+    return standard_fields(config)
 
 
 def is_skipv1(config: dict) -> bool:

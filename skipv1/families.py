@@ -7,6 +7,58 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class LayerNorms:
+    """A decoder layer's norms by where they sit (their checkpoint names; None: no norm there)."""
+
+    attention_input: str | None
+    attention_output: str | None  # on the attention's output, before the residual add
+    mlp_input: str | None
+    mlp_output: str | None
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n in vars(self).values() if n is not None)
+
+
+# Before attention and MLP (Llama, Qwen3, the MoEs: post_attention_layernorm is the MLP's input
+# norm there)
+PRE_NORMS = LayerNorms("input_layernorm", None, "post_attention_layernorm", None)
+# After them, on their outputs (OLMo-2)
+POST_NORMS = LayerNorms(None, "post_attention_layernorm", None, "post_feedforward_layernorm")
+# Both (Gemma)
+PRE_AND_POST_NORMS = LayerNorms(
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+)
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """How a mixture-of-experts MLP names its tensors in a checkpoint (the hub's layout, which
+    transformers' save_pretrained writes too): model.layers.{i}.{block}.gate.weight (the router)
+    and model.layers.{i}.{block}.experts.{e}.{gate,up,down}.weight."""
+
+    block: str  # "block_sparse_moe" (Mixtral), "mlp" (Qwen3-MoE)
+    gate: str
+    up: str
+    down: str
+    intermediate_field: str  # config field: each expert's intermediate size
+
+    @staticmethod
+    def count(config: dict) -> int:
+        """Experts per layer: transformers writes num_local_experts, Qwen3-MoE's Hub configs
+        num_experts."""
+        return config.get("num_local_experts", config.get("num_experts")) or 0
+
+    def is_sparse(self, config: dict, layer: int) -> bool:
+        """Whether layer `layer` has the MoE MLP (Qwen3-MoE may keep dense MLPs in some)."""
+        step = config.get("decoder_sparse_step") or 1
+        dense = config.get("mlp_only_layers") or []
+        return layer not in dense and self.count(config) > 0 and (layer + 1) % step == 0
+
+
+@dataclass(frozen=True)
 class Family:
     name: str  # "llama": model_type skipv1_llama, files *_skipv1_llama.py
     class_prefix: str  # "Llama": SkipV1LlamaConfig, SkipV1LlamaForCausalLM
@@ -18,12 +70,26 @@ class Family:
     # Sliding-window layers kept as the source has them (layer_types): the SkipV1 cache holds
     # layer 0's borrowed value heads for the full context (modeling_skipv1_core).
     keeps_sliding_window: bool = False
-    # Gemma's RMSNorms around attention and MLP outputs (pre/post_feedforward_layernorm), scaled
-    # embeddings, zero-centred norm weights (x * (1 + w)).
-    gemma_layout: bool = False
+    # input embeddings times sqrt(hidden_size) (Gemma)
+    scaled_embeddings: bool = False
+    # lm_head is the embedding matrix when config.json does not say (transformers' default for
+    # the family: GPT-2, Gemma)
+    tied_by_default: bool = False
     # The calibrated inits (calibrated, reconstruct) run the family's layers through a forward
     # written out by hand (calibrate.py, reconstruct.py); False refuses them for the family.
     calibrated_inits: bool = True
+    # q/k/v in one tensor per layer: where the value rows sit is convert/fused.py's layout
+    fused_qkv: bool = False
+    # (standard name, the family's name) of config.json fields (GPT-2's n_embd is hidden_size)
+    config_aliases: tuple[tuple[str, str], ...] = ()
+    # "head": q_norm / k_norm weights (head_dim,) shared by every head (Qwen3); "projection":
+    # over the whole q / k projection (OLMo-2), weights (heads * head_dim,), which move with a
+    # head permutation
+    qk_norm_scope: str = "head"
+    # where the layer's norms sit (PRE_NORMS, POST_NORMS, PRE_AND_POST_NORMS): the plan's tensors,
+    # the parameter count and the calibrated inits' hand-written forwards read it
+    norms: LayerNorms = PRE_NORMS
+    experts: ExpertLayout | None = None  # the MLP is a mixture of experts
 
     @property
     def model_type(self) -> str:
@@ -68,7 +134,9 @@ GEMMA2 = Family(
     "Gemma2",
     {"Gemma2ForCausalLM": "gemma2"},
     keeps_sliding_window=True,
-    gemma_layout=True,
+    scaled_embeddings=True,
+    tied_by_default=True,
+    norms=PRE_AND_POST_NORMS,
 )
 GEMMA3_TEXT = Family(
     "gemma3_text",
@@ -76,9 +144,57 @@ GEMMA3_TEXT = Family(
     {"Gemma3ForCausalLM": "gemma3_text"},
     qk_norm=True,
     keeps_sliding_window=True,
-    gemma_layout=True,
+    scaled_embeddings=True,
+    tied_by_default=True,
+    norms=PRE_AND_POST_NORMS,
 )
-FAMILIES = (LLAMA, QWEN3, GEMMA2, GEMMA3_TEXT)
+PHI3 = Family("phi3", "Phi3", {"Phi3ForCausalLM": "phi3"}, fused_qkv=True)
+# LayerNorms, parallel residual, partial rotary: the calibrated inits' Llama forward does not fit
+GPT_NEOX = Family(
+    "gpt_neox",
+    "GPTNeoX",
+    {"GPTNeoXForCausalLM": "gpt_neox"},
+    calibrated_inits=False,
+    fused_qkv=True,
+)
+GPT2 = Family(
+    "gpt2",
+    "GPT2",
+    {"GPT2LMHeadModel": "gpt2"},
+    calibrated_inits=False,
+    fused_qkv=True,
+    tied_by_default=True,
+    config_aliases=(
+        ("hidden_size", "n_embd"),
+        ("num_attention_heads", "n_head"),
+        ("num_hidden_layers", "n_layer"),
+        ("max_position_embeddings", "n_positions"),
+        ("intermediate_size", "n_inner"),
+    ),
+)
+OLMO2 = Family(
+    "olmo2",
+    "Olmo2",
+    {"Olmo2ForCausalLM": "olmo2"},
+    qk_norm=True,
+    qk_norm_scope="projection",
+    norms=POST_NORMS,
+)
+MIXTRAL = Family(
+    "mixtral",
+    "Mixtral",
+    {"MixtralForCausalLM": "mixtral"},
+    experts=ExpertLayout("block_sparse_moe", "w1", "w3", "w2", "intermediate_size"),
+)
+QWEN3_MOE = Family(
+    "qwen3_moe",
+    "Qwen3Moe",
+    {"Qwen3MoeForCausalLM": "qwen3_moe"},
+    qk_norm=True,
+    refuse_sliding_window=True,
+    experts=ExpertLayout("mlp", "gate_proj", "up_proj", "down_proj", "moe_intermediate_size"),
+)
+FAMILIES = (LLAMA, QWEN3, PHI3, GPT_NEOX, GPT2, OLMO2, MIXTRAL, QWEN3_MOE, GEMMA2, GEMMA3_TEXT)
 
 SOURCE_ARCHITECTURES = {arch: kind for f in FAMILIES for arch, kind in f.sources.items()}
 # A config without `architectures` (older or hand-written ones) is recognised by its model_type,
@@ -96,9 +212,24 @@ def family_of(config: dict) -> Family | None:
     if config.get("model_type") in SKIPV1_MODEL_TYPES:
         return SKIPV1_MODEL_TYPES[config["model_type"]]
     archs = config.get("architectures") or []
-    arch = archs[0] if isinstance(archs, list) and archs else None
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     arch = arch or ARCHITECTURE_OF_MODEL_TYPE.get(config.get("model_type"))
     for family in FAMILIES:
         if arch in family.sources or arch == family.architecture:
             return family
     return None
+
+
+def standard_fields(config: dict) -> dict:
+    """config.json with the standard field names (hidden_size, ...) that every module reads,
+    filled in from the family's own names (GPT-2's n_embd, ...) where it has others."""
+    family = family_of(config)
+    if family is None or not family.config_aliases:
+        return config
+    out = dict(config)
+    for standard, own in family.config_aliases:
+        if out.get(standard) is None and own in out:
+            out[standard] = out[own]
+    if family.name == "gpt2" and out.get("intermediate_size") is None and "hidden_size" in out:
+        out["intermediate_size"] = 4 * out["hidden_size"]  # GPT-2's n_inner=None
+    return out

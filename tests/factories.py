@@ -15,15 +15,27 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 ARCHS = {
@@ -31,8 +43,19 @@ ARCHS = {
     "mistral": (MistralConfig, MistralForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "phi3": (Phi3Config, Phi3ForCausalLM),
+    "gpt_neox": (GPTNeoXConfig, GPTNeoXForCausalLM),
+    "gpt2": (GPT2Config, GPT2LMHeadModel),
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM),
+    "mixtral": (MixtralConfig, MixtralForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
     "gemma2": (Gemma2Config, Gemma2ForCausalLM),
     "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
+}
+# Tiny mixtures of experts: 4 experts, 2 per token (tests/test_families_olmo2_moe.py).
+MOE_FIELDS = {
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16),
 }
 EOS = "<|endoftext|>"
 # The console script of this environment, for tests that need a real child process (exit codes,
@@ -82,6 +105,11 @@ def tiny_config(arch: str = "llama", **overrides):
         fields["sliding_window"] = None
     if arch in ("qwen3", "gemma2", "gemma3_text"):
         fields["head_dim"] = 16  # Qwen3Config's default is 128, Gemma's 256
+    if arch in ("gpt_neox", "gpt2"):
+        del fields["num_key_value_heads"]  # multi-head only
+    if arch == "gpt2":
+        fields["n_inner"] = fields.pop("intermediate_size")
+    fields.update(MOE_FIELDS.get(arch, {}))
     fields.update(overrides)
     return config_cls(**fields)
 
@@ -236,22 +264,25 @@ def assert_loads_without_skipv1(
     assert_all_load_without_skipv1([(model_dir, ids, expected, class_name)], work)
 
 
-def assert_all_load_without_skipv1(cases: list[tuple], work: Path) -> None:
-    """assert_loads_without_skipv1 for several (model_dir, ids, expected, class_name), in one
-    child process (its start-up is most of the cost)."""
-    torch.save([(str(d), i, e, c) for d, i, e, c in cases], work / "expected.pt")
+def assert_all_load_without_skipv1(cases, work: Path) -> None:
+    """`assert_loads_without_skipv1` for several (model_dir, ids, expected, class_name) in one
+    child process (its start-up, importing torch and transformers, is most of the time)."""
+    keys = ("dir", "ids", "expected", "class")
+    torch.save(
+        [dict(zip(keys, (str(c[0]), *c[1:]), strict=True)) for c in cases], work / "expected.pt"
+    )
     script = f"""
 import sys
 sys.modules["skipv1"] = None  # any `import skipv1` now fails
 import torch
 from transformers import AutoModelForCausalLM
-for model_dir, ids, expected, class_name in torch.load({str(work / "expected.pt")!r}):
-    m = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True).eval()
+for case in torch.load({str(work / "expected.pt")!r}):
+    m = AutoModelForCausalLM.from_pretrained(case["dir"], trust_remote_code=True).eval()
     assert type(m).__module__.startswith("transformers_modules"), type(m).__module__
-    assert type(m).__name__ == class_name, type(m).__name__
+    assert type(m).__name__ == case["class"], type(m).__name__
     with torch.no_grad():
-        torch.testing.assert_close(m(ids).logits, expected)
-print("OK")
+        torch.testing.assert_close(m(case["ids"]).logits, case["expected"])
+    print("OK", case["class"])
 """
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     run = subprocess.run(
@@ -263,4 +294,4 @@ print("OK")
         env=env,
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "OK" in run.stdout
+    assert run.stdout.count("OK") == len(cases), run.stdout

@@ -63,8 +63,8 @@ def test_config_that_is_not_valid_json(checkpoint, tmp_path, assert_refused):
 
 def test_unsupported_architecture_lists_the_supported_ones(checkpoint, tmp_path, assert_refused):
     src = checkpoint()
-    edit_json(src / "config.json", architectures=["GPT2LMHeadModel"], model_type="gpt2")
-    line = assert_refused(src, tmp_path / "dst", match="unsupported architecture GPT2LMHeadModel")
+    edit_json(src / "config.json", architectures=["BertForMaskedLM"], model_type="bert")
+    line = assert_refused(src, tmp_path / "dst", match="unsupported architecture BertForMaskedLM")
     for arch in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"):
         assert arch in line
 
@@ -80,8 +80,8 @@ def test_a_source_without_architectures_is_recognised_by_model_type(tmp_path, co
     out = json.loads((dst / "config.json").read_text())
     assert out["architectures"] == ["SkipV1LlamaForCausalLM"] and out["skip_v_heads"] == 1
     unknown = {k: v for k, v in config.items() if k != "model_type"}
-    (src / "config.json").write_text(json.dumps({**unknown, "model_type": "gpt2"}))
-    with pytest.raises(SkipV1Error, match="unsupported architecture <gpt2>"):
+    (src / "config.json").write_text(json.dumps({**unknown, "model_type": "bert"}))
+    with pytest.raises(SkipV1Error, match="unsupported architecture <bert>"):
         check_supported(json.loads((src / "config.json").read_text()))
 
 

@@ -56,13 +56,13 @@ def test_inspect_bad_inputs_exit_2_with_one_line(tmp_path, cli):
     (tmp_path / "empty").mkdir()
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "config.json").write_text(
-        json.dumps({"architectures": ["GPT2LMHeadModel"]})
+        json.dumps({"architectures": ["BertForMaskedLM"]})
     )
     cases = {
         tmp_path / "missing": "does not exist",
         tmp_path / "empty": "no config.json",
         tmp_path / "bad": "not valid JSON",
-        tmp_path / "odd": "unsupported architecture GPT2LMHeadModel",
+        tmp_path / "odd": "unsupported architecture BertForMaskedLM",
     }
     for path, message in cases.items():
         result = cli("inspect", path)

@@ -27,6 +27,7 @@ from ..units import torch_dtype
 from .calibrate import Calibration, calibrate_source, calibration_record
 from .companions import companion_files, copy_companions, copy_modeling_code
 from .config import ConfigChange, skipv1_config, sliding_window_active
+from .fused import has_bare_names
 from .options import ConvertOptions
 from .plan import (
     CALIBRATE,
@@ -214,6 +215,8 @@ def prepare(root: Path, dst: Path, options: ConvertOptions) -> Prepared:
     check_source_config(config, root, options.trust_remote_code)
     plan = make_plan(config, options.skip_heads, options.init)
     weights = scan_weights(root)
+    if has_bare_names(plan.source.family, weights.refs):
+        plan = make_plan(config, options.skip_heads, options.init, bare_names=True)
     order, dropped = check_tensors(plan, weights)
     forced = torch_dtype(options.dtype) if options.dtype != "auto" else None
     target_dtype = {n: forced or weights.refs[n].dtype for n in order}
@@ -318,7 +321,7 @@ def converted_tensors(
         if calibration is not None and plan.tasks[name].action in (REWRITE_V, CALIBRATE):
             tensor = calibration.transform(name, tensor)
         elif plan.tasks[name].action == REWRITE_V:
-            tensor = plan.init_method.value_rows(tensor, plan.source.num_kv_heads, plan.skip_heads)
+            tensor = plan.rewrite_values(name, tensor)
         target = prepared.target_dtype[name]
         yield name, tensor if tensor.dtype == target else tensor.to(target)
 
@@ -367,7 +370,7 @@ def summarize(
     source: Source, dst: Path, prepared: Prepared, options: ConvertOptions, dry_run: bool
 ) -> dict:
     plan, source_model = prepared.plan, prepared.plan.source
-    v0 = "model.layers.0.self_attn.v_proj.weight"
+    v0 = source_model.value_tensor(0)
     kv_dtype = prepared.target_dtype.get(v0, torch.bfloat16)
     before = source_model.kv.bytes_per_token(kv_dtype.itemsize)
     after = plan.kv_after.bytes_per_token(kv_dtype.itemsize)
@@ -382,7 +385,9 @@ def summarize(
     if not prepared.companions["tokenizer"]:
         warnings.append("the source has no tokenizer files: the output has none either")
     if prepared.dropped:
-        warnings.append(f"dropped {len(prepared.dropped)} recomputed buffer(s) (rotary inv_freq)")
+        warnings.append(
+            f"dropped {len(prepared.dropped)} recomputed buffer(s) (rotary inv_freq, causal masks)"
+        )
     return {
         "source": source.label,
         "source_dir": str(prepared.root) if not source.is_gguf else str(source.path),

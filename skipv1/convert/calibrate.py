@@ -27,11 +27,13 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from ..errors import SkipV1Error
-from ..families import family_of
+from ..families import SKIPV1_MODEL_TYPES
 from ..modeling import FAMILY_CLASSES
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 from ..packing import cut_blocks, token_stream
-from .names import later_attention_projection
+from .experts import checkpoint_names, module_state
+from .fused import LlamaView
+from .names import later_attention_norm, later_attention_projection
 
 LoadTensors = Callable[[list[str]], dict[str, torch.Tensor]]
 
@@ -52,6 +54,8 @@ class Calibration:
     head_dim: int
     skip_heads: int
     layers: dict[int, LayerFit] = field(default_factory=dict)
+    # q/k norms over the whole projection (OLMo-2): their weights move with the heads
+    whole_qk_norms: bool = False
 
     @property
     def group(self) -> int:
@@ -60,11 +64,17 @@ class Calibration:
     def transform(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The calibrated version of a source tensor (unchanged for tensors it does not touch)."""
         proj = later_attention_projection(name)
+        if proj is None and self.whole_qk_norms:
+            proj = later_attention_norm(name)
         layer = int(name.split(".")[2]) if proj else None
         if layer not in self.layers:
             return tensor
         fit, d = self.layers[layer], self.head_dim
         query_order = [h * self.group + r for h in fit.order for r in range(self.group)]
+        if proj == "q_norm":
+            return _take_heads(tensor, query_order, d, dim=0)
+        if proj == "k_norm":
+            return _take_heads(tensor, fit.order, d, dim=0)
         if proj == "q_proj":
             return _take_heads(tensor, query_order, d, dim=0)
         if proj == "k_proj":
@@ -106,7 +116,11 @@ def calibrate(
 ) -> Calibration:
     """Fits every later layer; `config` describes the source (its skip_v_heads must be 0)."""
     calibration = Calibration(
-        config.num_attention_heads, config.num_key_value_heads, config.head_dim, skip_heads
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+        skip_heads,
+        whole_qk_norms=family_of_config(config).qk_norm_scope == "projection",
     )
     hidden = embed_inputs(config, load, input_ids).to(device)
     tables = rotary_tables(config, hidden)
@@ -139,15 +153,21 @@ def _rotary(config: SkipV1LlamaConfig):
     return LlamaRotaryEmbedding(config)
 
 
-# --- the family's forward, written out (the calibrated inits' hand-written layers read these) ---
+def family_of_config(config):
+    """The family of a SkipV1 config object."""
+    return SKIPV1_MODEL_TYPES[config.model_type]
+
+
+# --- the family's forward, written out (here and in reconstruct.py): embeddings, RoPE, the
+# attention's mask and soft-capping, where the norms sit ---
 
 
 def embed_inputs(config, load: LoadTensors, input_ids: torch.Tensor) -> torch.Tensor:
     """Input embeddings of the calibration tokens (float); Gemma scales them by sqrt(hidden)."""
     embed = load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
     hidden = embed.float()[input_ids]
-    family = family_of({"model_type": config.model_type})
-    return hidden * config.hidden_size**0.5 if family and family.gemma_layout else hidden
+    scaled = family_of_config(config).scaled_embeddings
+    return hidden * config.hidden_size**0.5 if scaled else hidden
 
 
 def rotary_tables(config, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -187,28 +207,42 @@ def allowed(attn, length: int, device) -> torch.Tensor:
     return (distance >= 0) & (distance < window) if window else distance >= 0
 
 
-def gemma_layer(layer) -> bool:
-    """Gemma's decoder layer: RMSNorms on the attention and MLP outputs."""
-    return hasattr(layer, "pre_feedforward_layernorm")
+def _norm(layer, slot: str):
+    """The layer's norm at `slot` of its family's LayerNorms (None: the family has none there)."""
+    name = getattr(family_of_config(layer.self_attn.config).norms, slot)
+    return None if name is None else getattr(layer, name)
 
 
-def after_attention(layer, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-    """The residual stream after the attention block, from its o_proj output."""
-    if gemma_layer(layer):
-        return hidden + layer.post_attention_layernorm(attn_out)
-    return hidden + attn_out
+def _apply(norm, x: torch.Tensor) -> torch.Tensor:
+    return x if norm is None else norm(x)
 
 
-def mlp_norm(layer):
-    """The norm in front of the MLP."""
-    return layer.pre_feedforward_layernorm if gemma_layer(layer) else layer.post_attention_layernorm
+def attention_input(layer, hidden: torch.Tensor) -> torch.Tensor:
+    return _apply(_norm(layer, "attention_input"), hidden)
 
 
-def after_mlp(layer, hidden: torch.Tensor) -> torch.Tensor:
-    out = layer.mlp(mlp_norm(layer)(hidden))
-    if gemma_layer(layer):
-        out = layer.post_feedforward_layernorm(out)
-    return hidden + out
+def attention_output_norm(layer):
+    """The norm applied to the attention's output before the residual add (OLMo-2, Gemma; None:
+    none)."""
+    return _norm(layer, "attention_output")
+
+
+def add_attention(layer, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The residual stream after attention, from its input and the attention's output."""
+    return hidden + _apply(attention_output_norm(layer), out)
+
+
+def mlp_input(layer, hidden: torch.Tensor) -> torch.Tensor:
+    return _apply(_norm(layer, "mlp_input"), hidden)
+
+
+def mlp_output_norm(layer):
+    """The norm applied to the MLP's output before the residual add (OLMo-2, Gemma; None: none)."""
+    return _norm(layer, "mlp_output")
+
+
+def add_mlp(layer, hidden: torch.Tensor) -> torch.Tensor:
+    return hidden + _apply(mlp_output_norm(layer), layer.mlp(mlp_input(layer, hidden)))
 
 
 def _load_layer(config: SkipV1LlamaConfig, load: LoadTensors, i: int):
@@ -218,7 +252,7 @@ def _load_layer(config: SkipV1LlamaConfig, load: LoadTensors, i: int):
         layer = causal_lm.base_model_class.decoder_layer_class(config, i)
     prefix = f"model.layers.{i}."
     names = [prefix + name for name in layer.state_dict()]
-    tensors = load(names)
+    tensors = module_state(config, load(checkpoint_names(config, names)))
     state = {name[len(prefix) :]: t.float() for name, t in tensors.items()}
     layer.load_state_dict(state, assign=True, strict=True)
     return layer.eval()
@@ -241,7 +275,7 @@ def _layer_forward(layer, hidden, cos, sin, stats, first_values):
     """The source layer's forward, written out to expose attention probabilities and values."""
     attn = layer.self_attn
     batch, length, _ = hidden.shape
-    x = layer.input_layernorm(hidden)
+    x = attention_input(layer, hidden)
     # the family's own projections (Qwen3: q/k RMSNorm per head), before RoPE
     q, k, v = (t.transpose(1, 2) for t in attn.project(x, (batch, length, -1, attn.head_dim)))
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
@@ -250,7 +284,7 @@ def _layer_forward(layer, hidden, cos, sin, stats, first_values):
     if stats is not None:
         stats.add(probs, mixed, first_values)
     attn_out = attn.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1))
-    return after_mlp(layer, after_attention(layer, hidden, attn_out)), v
+    return add_mlp(layer, add_attention(layer, hidden, attn_out)), v
 
 
 # Relative ridge strengths tried for each fit (times the mean diagonal of the fold's Z^T Z).
@@ -434,18 +468,23 @@ def calibrate_source(prepared, options, quiet: bool):
     def load(names: list[str]) -> dict[str, torch.Tensor]:
         return dict(iter_tensors(prepared.weights, set(names)))
 
+    config, names = None, prepared.order
+    view = LlamaView(plan.source) if plan.source.family.name == "phi3" else None
+    if view is not None:  # fused projections: the pass runs the Llama the source computes
+        config, load, names = view.config(prepared.out_config), view.loader(load), view.names(names)
     with step_progress(quiet) as progress:
         run = CalibrationRun(
-            source_config(prepared.out_config),
+            config or source_config(prepared.out_config),
             load,
             ids,
             plan.skip_heads,
             options,
-            prepared.order,
+            names,
             progress,
             calibration_device(),
         )
-        return plan.init_method.fit(run)
+        result = plan.init_method.fit(run)
+    return result if view is None else view.wrap(result)
 
 
 def calibration_device() -> str:
@@ -459,7 +498,11 @@ def source_config(out_config: dict):
     config_class = FAMILY_CLASSES[out_config["model_type"]][0]
     fields = {k: v for k, v in out_config.items() if k not in ("model_type", "auto_map")}
     fields.pop("architectures", None)
-    return config_class(**{**fields, "skip_v_heads": 0})
+    config = config_class(**{**fields, "skip_v_heads": 0})
+    # the passes build single decoder layers, outside the model that would choose a MoE's
+    # experts implementation: transformers' plain loop
+    config._experts_implementation = "eager"
+    return config
 
 
 def _tokenizer(root, init: str):

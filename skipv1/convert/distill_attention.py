@@ -18,6 +18,7 @@ from ..modeling import FAMILY_CLASSES
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 from ..modeling.modeling_skipv1_llama import SkipV1LlamaForCausalLM
 from ..uptrain.distill import distillation_loss
+from .experts import module_state
 from .names import later_attention_projection
 
 LR = 1e-4
@@ -90,6 +91,7 @@ def _model(config, state, transform, skip_heads, device) -> SkipV1LlamaForCausal
         else transform(name, t).float()
         for name, t in state.items()
     }
+    weights = module_state(config, weights)  # a mixture of experts: stacked as the modules are
     missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
     if set(missing) - {"lm_head.weight"} or unexpected:
         raise ValueError(f"state does not fit the model: {missing[:3]} {unexpected[:3]}")

@@ -28,3 +28,11 @@ def is_later_down_proj(name: str) -> bool:
     """model.layers.{i}.mlp.down_proj.weight with i >= 1."""
     i = layer_index(name)
     return i is not None and i >= 1 and name.endswith(".mlp.down_proj.weight")
+
+
+def later_attention_norm(name: str) -> str | None:
+    """ "q_norm" for model.layers.{i}.self_attn.q_norm.weight with i >= 1 (likewise k_norm)."""
+    parts = name.split(".")
+    i = layer_index(name)
+    ok = len(parts) == 6 and i is not None and i >= 1 and parts[3] == "self_attn"
+    return parts[4] if ok and parts[4] in ("q_norm", "k_norm") else None

@@ -8,15 +8,16 @@ from ..checkpoint_info import SOURCE_ARCHITECTURES, architecture, default_skip_h
 from ..errors import SkipV1Error
 from ..families import LLAMA, Family, family_of
 from ..modeling.layout import KVLayout, kv_layout, tied_embeddings
+from . import fused
 from .inits import DEFAULT_INIT, Init, get_init
-from .names import later_attention_projection
+from .names import later_attention_norm, later_attention_projection
 
 COPY = "copy"
 REWRITE_V = "rewrite_v"
 # Tensors an init rewrites in place (Init.rewrites: calibrated inits refit q/k/o, down_proj).
 CALIBRATE = "calibrate"
-# Buffers some old checkpoints saved; the model recomputes them.
-DROPPABLE_SUFFIXES = (".rotary_emb.inv_freq",)
+# Buffers some old checkpoints saved; the model recomputes them (GPT-2's causal masks too).
+DROPPABLE_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 
 
 @dataclass(frozen=True)
@@ -36,17 +37,21 @@ class SourceModel:
     o_bias: bool
     mlp_bias: bool
     tied: bool
-    qk_norm: bool = False  # q_norm / k_norm weights of shape (head_dim,) in every layer
-    gemma_layout: bool = False  # pre/post_feedforward_layernorm in every layer
+    qk_norm: bool = False  # q_norm / k_norm weights in every layer (shapes: family.qk_norm_scope)
+    positions: int = 0  # max_position_embeddings (learned position embeddings: GPT-2)
+    bare_names: bool = False  # GPT-2 names without `transformer.` (fused.has_bare_names)
+    # a mixture of experts (family.experts): (experts, their intermediate size, sparse layers)
+    experts: tuple[int, int, frozenset[int]] | None = None
     windowed_first_layer: bool = False  # see KVLayout
 
     @classmethod
-    def from_config(cls, config: dict) -> "SourceModel":
+    def from_config(cls, config: dict, bare_names: bool = False) -> "SourceModel":
         arch = architecture(config)
         layout = kv_layout(config)
         qwen2 = SOURCE_ARCHITECTURES.get(arch) == "qwen2"
-        attention_bias = bool(config.get("attention_bias", False))
         family = family_of(config) or LLAMA
+        qkv = fused.layout_of(family)
+        attention_bias = bool(config.get("attention_bias", qkv.default_bias if qkv else False))
         return cls(
             architecture=arch,
             family=family,
@@ -62,10 +67,17 @@ class SourceModel:
             o_bias=False if qwen2 else attention_bias,
             mlp_bias=bool(config.get("mlp_bias", False)),
             tied=tied_embeddings(config),
+            positions=config.get("max_position_embeddings", 0),
+            bare_names=bare_names,
             qk_norm=family.qk_norm,
-            gemma_layout=family.gemma_layout,
+            experts=_experts(family, config, layout.num_layers),
             windowed_first_layer=layout.windowed_first_layer,
         )
+
+    @property
+    def qkv_layout(self):
+        """Where a fused q/k/v tensor keeps the value rows (None: separate tensors)."""
+        return fused.layout_of(self.family, self.bare_names)
 
     @property
     def kv(self) -> KVLayout:
@@ -91,28 +103,60 @@ class SourceModel:
                 "self_attn.k_proj": ((kv_rows, h), self.qkv_bias),
                 "self_attn.v_proj": ((kv_rows, h), self.qkv_bias),
                 "self_attn.o_proj": ((h, q_rows), self.o_bias),
-                "mlp.gate_proj": ((self.intermediate, h), self.mlp_bias),
-                "mlp.up_proj": ((self.intermediate, h), self.mlp_bias),
-                "mlp.down_proj": ((h, self.intermediate), self.mlp_bias),
+                **self._mlp_linears(i),
             }
             for name, (shape, bias) in linears.items():
                 shapes[p + name + ".weight"] = shape
                 if bias:
                     shapes[p + name + ".bias"] = shape[:1]
             if self.qk_norm:
-                shapes[p + "self_attn.q_norm.weight"] = (self.head_dim,)
-                shapes[p + "self_attn.k_norm.weight"] = (self.head_dim,)
-            shapes[p + "input_layernorm.weight"] = (h,)
-            shapes[p + "post_attention_layernorm.weight"] = (h,)
-            if self.gemma_layout:
-                shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
-                shapes[p + "post_feedforward_layernorm.weight"] = (h,)
+                whole = self.family.qk_norm_scope == "projection"  # OLMo-2: over all heads
+                shapes[p + "self_attn.q_norm.weight"] = (q_rows if whole else self.head_dim,)
+                shapes[p + "self_attn.k_norm.weight"] = (kv_rows if whole else self.head_dim,)
+            for norm in self.family.norms.names():
+                shapes[p + norm + ".weight"] = (h,)
         shapes["model.norm.weight"] = (h,)
         shapes["lm_head.weight"] = (self.vocab, h)
-        return shapes
+        layout = self.qkv_layout
+        return layout.shapes(shapes, self) if layout else shapes
+
+    def _mlp_linears(self, i: int) -> dict[str, tuple[tuple[int, int], bool]]:
+        """Layer i's MLP linears: gate/up/down, or a router and each expert's (copied as they
+        are: SkipV1 changes attention only)."""
+        h, layout = self.hidden, self.family.experts
+        if self.experts is None or i not in self.experts[2]:
+            inter = self.intermediate
+            return {
+                "mlp.gate_proj": ((inter, h), self.mlp_bias),
+                "mlp.up_proj": ((inter, h), self.mlp_bias),
+                "mlp.down_proj": ((h, inter), self.mlp_bias),
+            }
+        count, inter, _ = self.experts
+        out = {f"{layout.block}.gate": ((count, h), False)}
+        for e in range(count):
+            x = f"{layout.block}.experts.{e}."
+            out[x + layout.gate] = ((inter, h), False)
+            out[x + layout.up] = ((inter, h), False)
+            out[x + layout.down] = ((h, inter), False)
+        return out
 
     def optional_tensors(self) -> set[str]:
         return {"lm_head.weight"} if self.tied else set()
+
+    def value_tensor(self, layer: int) -> str:
+        """The tensor that holds a layer's value rows (a fused one in some families)."""
+        layout = self.qkv_layout
+        if layout is None:
+            return f"model.layers.{layer}.self_attn.v_proj.weight"
+        return f"{layout.prefix}{layer}.{layout.value_tensors[0]}"
+
+
+def _experts(family: Family, config: dict, layers: int):
+    layout = family.experts
+    if layout is None:
+        return None
+    sparse = frozenset(i for i in range(layers) if layout.is_sparse(config, i))
+    return layout.count(config), config[layout.intermediate_field], sparse
 
 
 @dataclass(frozen=True)
@@ -150,12 +194,26 @@ class ConversionPlan:
     def changed(self) -> list[TensorTask]:
         return [t for t in self.tasks.values() if t.action != COPY]
 
+    def rewrite_values(self, name: str, tensor):
+        """A REWRITE_V tensor with its value rows made by the init (the rest of a fused
+        tensor kept)."""
+        n_kv, s = self.source.num_kv_heads, self.skip_heads
+        layout = self.source.qkv_layout
+        if layout is None:
+            return self.init_method.value_rows(tensor, n_kv, s)
+        own_rows = lambda v: self.init_method.value_rows(v, n_kv, s)  # noqa: E731
+        return fused.rewrite_values(layout, self.source, tensor, own_rows)
+
 
 def make_plan(
-    config: dict, skip_heads: int | None = None, init: str = DEFAULT_INIT
+    config: dict,
+    skip_heads: int | None = None,
+    init: str = DEFAULT_INIT,
+    bare_names: bool = False,
 ) -> ConversionPlan:
-    """The plan for a source config; raises SkipV1Error for options the config cannot take."""
-    source = SourceModel.from_config(config)
+    """The plan for a source config; raises SkipV1Error for options the config cannot take.
+    `bare_names`: a GPT-2 checkpoint whose tensor names lack `transformer.`."""
+    source = SourceModel.from_config(config, bare_names)
     n_kv = source.num_kv_heads
     s = default_skip_heads(n_kv) if skip_heads is None else skip_heads
     if not 0 <= s < n_kv:
@@ -169,17 +227,36 @@ def make_plan(
             f"--init {init} is not available for {source.architecture} sources yet (its "
             "calibration runs Llama layers): pass --init keep or --init mean"
         )
+    blocker = fused.calibration_blocker(source.family, config)
+    if method.calibrated and s and blocker:
+        raise SkipV1Error(
+            f"--init {init} is not available for this {source.architecture} source: "
+            f"{blocker}; pass --init keep or --init mean"
+        )
+    layout = source.qkv_layout
     tasks = {}
     for name, shape in source.expected_shapes().items():
         projection = later_attention_projection(name) if s else None
         if projection == "v_proj":
             target = ((n_kv - s) * source.head_dim, *shape[1:])
             tasks[name] = TensorTask(name, REWRITE_V, shape, target)
-        elif s and method.rewrites(name):
+        elif s and layout and fused.later_value_layer(layout, name):
+            target = fused.target_shape(layout, source, s, shape)
+            tasks[name] = TensorTask(name, REWRITE_V, shape, target)
+        elif s and (method.rewrites(name) or _moves_with_heads(source, method, name)):
             tasks[name] = TensorTask(name, CALIBRATE, shape, shape)
         else:
             tasks[name] = TensorTask(name, COPY, shape, shape)
     return ConversionPlan(source, s, init, tasks)
+
+
+def _moves_with_heads(source: SourceModel, method: Init, name: str) -> bool:
+    """A q/k norm over the whole projection (OLMo-2) has a weight per head's row: an init that
+    permutes a later layer's heads (it rewrites q_proj) permutes that weight with them."""
+    norm = later_attention_norm(name)
+    if norm is None or source.family.qk_norm_scope != "projection":
+        return False
+    return method.rewrites(name.replace(f".{norm}.", ".q_proj."))
 
 
 def shard_layout(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:

@@ -81,6 +81,15 @@ def write_model_card(out: Path, summary: dict) -> None:
         'model = AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)',
         "```",
     ]
+    split = next(
+        (c["to"] for c in summary["config_changes"] if c["field"] == "fused_qkv_split"), None
+    )
+    if split:  # a fused q/k/v projection: how to find the value rows
+        lines += [
+            "",
+            f"The value rows sit in the fused `{split['tensor']}` tensor, laid out {split['layout']};",
+            "`fused_qkv_split` in config.json gives the heads of each part, layer 0 and later.",
+        ]
     if summary["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in summary["warnings"]]
     (out / "README.md").write_text("\n".join(lines) + "\n")

@@ -11,11 +11,16 @@ and for every later layer, on the converted stream:
    stream after attention matches the source's: the kept heads absorb part of what the
    borrowed ones lose, and the layer cancels part of the drift of the layers before it;
 3. refits the MLP's down_proj the same way, so that the layer's output matches the source
-   layer's output.
+   layer's output (a mixture of experts is kept: its experts are copied).
+
+Where the family puts norms on the attention's and the MLP's outputs (OLMo-2, Gemma), each refit's
+target is the pre-norm output that the norm maps onto the wanted residual update
+(`_pre_norm_target`). The passes run the family's forward as calibrate.py writes it out (scaled
+embeddings, RoPE per layer type, sliding-window masks, soft-capped logits: Gemma).
 
 Each ridge shrinks towards the source's weights, with a strength chosen by two-fold
 cross-validation over alternate calibration sequences, so small calibration sets do not
-overfit. Layer 0, every norm, q/k (up to the permutation), the kept value rows and the MLP's
+overfit. Layer 0, every norm and q/k (up to the permutation), the kept value rows and the MLP's
 gate/up projections stay the source's. Memory: one layer's weights plus the two streams'
 hidden states of the calibration tokens (2 x tokens x hidden floats).
 
@@ -24,6 +29,7 @@ borrowed (no visible change on SmolLM2) and a per-layer Adam refinement of q/k/v
 on a CPU for the conversion's time budget).
 """
 
+import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -38,13 +44,16 @@ from .calibrate import (
     _GramStats,
     _load_layer,
     _take_heads,
-    after_attention,
-    after_mlp,
+    add_attention,
+    add_mlp,
     allowed,
+    attention_input,
+    attention_output_norm,
     attention_probs,
     embed_inputs,
-    gemma_layer,
-    mlp_norm,
+    family_of_config,
+    mlp_input,
+    mlp_output_norm,
     rotary_tables,
 )
 
@@ -87,17 +96,22 @@ class _Attention:
         self.k = _permuted(attn.k_proj, order, self.d)
         self.v = _permuted(attn.v_proj, order[:own], self.d)
         self.o_weight = _take_heads(attn.o_proj.weight.detach(), queries, self.d, dim=1)
-        # per-head RMSNorm of queries and keys where the family has it (Qwen3): one weight
-        # shared by every head, so the head order does not touch it
-        identity = torch.nn.Identity()
-        self.q_norm = getattr(attn, "q_norm", identity)
-        self.k_norm = getattr(attn, "k_norm", identity)
+        if family_of_config(attn.config).qk_norm_scope == "projection":
+            # RMSNorm over all heads of q and of k (OLMo-2): its weights move with the heads
+            self.q_norm = _WholeNorm(attn.q_norm, queries, self.d)
+            self.k_norm = _WholeNorm(attn.k_norm, order, self.d)
+        else:
+            # per-head RMSNorm of queries and keys where the family has it (Qwen3): one weight
+            # shared by every head, so the head order does not touch it
+            identity = torch.nn.Identity()
+            self.q_norm = getattr(attn, "q_norm", identity)
+            self.k_norm = getattr(attn, "k_norm", identity)
         self.o_bias = None if attn.o_proj.bias is None else attn.o_proj.bias.detach()
 
     def mixed(self, hidden, cos, sin, borrowed=None):
         """(B, T, H*d): the attention mix o_proj reads; `borrowed` (B, s, T, d) from layer 0."""
         b, t, _ = hidden.shape
-        x = self.layer.input_layernorm(hidden)
+        x = attention_input(self.layer, hidden)
         q, k, v = (F.linear(x, *p).view(b, t, -1, self.d) for p in self.qkv)
         q, k, v = (t_.transpose(1, 2) for t_ in (self.q_norm(q), self.k_norm(k), v))
         if borrowed is not None:
@@ -122,6 +136,22 @@ class _Attention:
         return F.linear(self.mixed(hidden, cos, sin, borrowed), self.o_weight, self.o_bias)
 
 
+class _WholeNorm:
+    """A family's RMSNorm over a whole q or k projection, its weight in a chosen head order;
+    called on (B, T, heads, d)."""
+
+    def __init__(self, norm, heads: list[int], d: int):
+        self.norm = copy.deepcopy(norm)
+        self.norm.weight = torch.nn.Parameter(_take_heads(norm.weight.detach(), heads, d, dim=0))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.norm.weight.detach()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.flatten(-2)).view_as(x)
+
+
 def _permuted(linear, heads: list[int], d: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     weight = _take_heads(linear.weight.detach(), heads, d, dim=0)
     bias = None if linear.bias is None else _take_heads(linear.bias.detach(), heads, d, dim=0)
@@ -129,13 +159,43 @@ def _permuted(linear, heads: list[int], d: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def _mlp(layer, hidden):
-    return after_mlp(layer, hidden)
+    return add_mlp(layer, hidden)
 
 
 def _down_input(layer, hidden):
     """What the MLP's down_proj reads: act(gate(x)) * up(x)."""
-    x = mlp_norm(layer)(hidden)
+    x = mlp_input(layer, hidden)
     return layer.mlp.act_fn(layer.mlp.gate_proj(x)) * layer.mlp.up_proj(x)
+
+
+def _dense_mlp(layer) -> bool:
+    """A gate/up/down MLP, whose down_proj is refitted; a mixture of experts is kept as it is
+    (its experts are copied: the attention fit does not reach them)."""
+    return isinstance(getattr(layer.mlp, "down_proj", None), torch.nn.Linear)
+
+
+def _pre_norm_target(norm, wanted: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """What a linear layer followed by `norm` (an RMSNorm on its output: OLMo-2's and Gemma's
+    post-norms) should output for the norm to give `wanted`: RMSNorm is scale-invariant, so
+    wanted / gain (`_gain`), scaled per token to the rms of `reference` (the source layer's own
+    pre-norm output: the exact answer when nothing drifted). `norm` None: `wanted` itself."""
+    if norm is None:
+        return wanted
+    w = _gain(norm)
+    w = torch.where(w.abs() < 1e-6, torch.full_like(w, 1e-6), w)
+    y = wanted / w
+
+    def rms(t):
+        return t.pow(2).mean(-1, keepdim=True).sqrt()
+
+    return y * (rms(reference) / rms(y).clamp_min(1e-12))
+
+
+def _gain(norm) -> torch.Tensor:
+    """An RMSNorm's per-feature gain (weight; Gemma's 1 + weight) up to a constant factor, which
+    `_pre_norm_target` rescales away: its output for an all-ones input."""
+    weight = norm.weight.detach()
+    return norm(torch.ones(1, weight.shape[-1], dtype=weight.dtype, device=weight.device))[0]
 
 
 def _batches(n: int, size: int) -> list[slice]:
@@ -164,10 +224,7 @@ def reconstruct(
     first = _Attention(layer, list(range(config.num_key_value_heads)), config.num_key_value_heads)
     borrowed = torch.cat([_values(first, hidden[b])[:, own:] for b in batches])
     source = torch.cat(
-        [
-            _mlp(layer, after_attention(layer, hidden[b], first(hidden[b], cos, sin)))
-            for b in batches
-        ]
+        [_mlp(layer, add_attention(layer, hidden[b], first(hidden[b], cos, sin))) for b in batches]
     )
     converted = source
     if on_layer:
@@ -195,14 +252,14 @@ def source_hidden_states(config, load: LoadTensors, input_ids: torch.Tensor) -> 
     for i in range(config.num_hidden_layers):
         layer = _load_layer(config, load, i)
         attn = _Attention(layer, list(range(kv)), kv)
-        hidden = _mlp(layer, after_attention(layer, hidden, attn(hidden, *tables[i])))
+        hidden = _mlp(layer, add_attention(layer, hidden, attn(hidden, *tables[i])))
         states.append(hidden)
     return states
 
 
 def _values(attn: _Attention, hidden: torch.Tensor) -> torch.Tensor:
     b, t, _ = hidden.shape
-    x = attn.layer.input_layernorm(hidden)
+    x = attention_input(attn.layer, hidden)
     return F.linear(x, *attn.v).view(b, t, -1, attn.d).transpose(1, 2)
 
 
@@ -215,43 +272,51 @@ class _LayerFit:
         self.own = config.num_key_value_heads - skip_heads
 
     def run(self, source, converted, borrowed):
-        kv = self.config.num_key_value_heads
-        layer = self.layer
+        kv, layer = self.config.num_key_value_heads, self.layer
         src_attn = _Attention(layer, list(range(kv)), kv)
-        src_o = self._map(lambda b: src_attn(source[b], self.cos, self.sin))
-        src_mid = self._map(lambda b: after_attention(layer, source[b], src_o[b]))
+        src_mid = self._map(
+            lambda b: add_attention(layer, source[b], src_attn(source[b], self.cos, self.sin))
+        )
         src_out = self._map(lambda b: _mlp(layer, src_mid[b]))
         order, choice_error = self._choose_heads(converted, borrowed)
         self.attn = _Attention(layer, order, self.own)
         mixed = lambda b: self.attn.mixed(converted[b], self.cos, self.sin, borrowed[b])  # noqa: E731
-        # o_proj: converted + attention ~ the source's stream after attention. Gemma normalises
-        # the o_proj output before adding it (post_attention_layernorm), which no linear fit can
-        # invert: there the target is the source's o_proj output itself.
-        gemma = gemma_layer(layer)
-        attention_target = (  # noqa: E731
-            (lambda b: src_o[b]) if gemma else (lambda b: src_mid[b] - converted[b])
-        )
+        # o_proj: converted + attention ~ the source's stream after attention.
+        attn_norm = attention_output_norm(layer)
         self.attn.o_weight, o_ridge = _ridge_fit(
-            self._pairs(mixed, attention_target, self.attn.o_bias), self.attn.o_weight
+            self._pairs(
+                mixed,
+                lambda b: _pre_norm_target(
+                    attn_norm,
+                    src_mid[b] - converted[b],
+                    None if attn_norm is None else src_attn(source[b], self.cos, self.sin),
+                ),
+                self.attn.o_bias,
+            ),
+            self.attn.o_weight,
         )
         mid = self._map(
-            lambda b: after_attention(
+            lambda b: add_attention(
                 layer, converted[b], self.attn(converted[b], self.cos, self.sin, borrowed[b])
             )
         )
-        # down_proj: mid + MLP ~ the source layer's output (Gemma: the source's MLP output,
-        # before its post_feedforward_layernorm, for the same reason).
-        down = layer.mlp.down_proj
-        mlp_target = (  # noqa: E731
-            (lambda b: layer.mlp(mlp_norm(layer)(src_mid[b])))
-            if gemma
-            else (lambda b: src_out[b] - mid[b])
-        )
-        down.weight.data, down_ridge = _ridge_fit(
-            self._pairs(lambda b: _down_input(layer, mid[b]), mlp_target, down.bias),
-            down.weight.detach(),
-        )
-        out = self._map(lambda b: _mlp(self.layer, mid[b]))
+        down_ridge = None
+        self.dense = _dense_mlp(layer)
+        if self.dense:  # down_proj: mid + MLP ~ the source layer's output.
+            down, mlp_norm = layer.mlp.down_proj, mlp_output_norm(layer)
+            down.weight.data, down_ridge = _ridge_fit(
+                self._pairs(
+                    lambda b: _down_input(layer, mid[b]),
+                    lambda b: _pre_norm_target(
+                        mlp_norm,
+                        src_out[b] - mid[b],
+                        None if mlp_norm is None else layer.mlp(mlp_input(layer, src_mid[b])),
+                    ),
+                    down.bias,
+                ),
+                down.weight.detach(),
+            )
+        out = self._map(lambda b: _mlp(layer, mid[b]))
         record = {
             "order": order,
             "error_head_choice": choice_error,
@@ -270,7 +335,11 @@ class _LayerFit:
             if bias is not None:
                 out[f"self_attn.{proj}.bias"] = bias
         out["self_attn.o_proj.weight"] = self.attn.o_weight
-        out["mlp.down_proj.weight"] = self.layer.mlp.down_proj.weight.detach()
+        if isinstance(self.attn.q_norm, _WholeNorm):
+            out["self_attn.q_norm.weight"] = self.attn.q_norm.weight
+            out["self_attn.k_norm.weight"] = self.attn.k_norm.weight
+        if self.dense:
+            out["mlp.down_proj.weight"] = self.layer.mlp.down_proj.weight.detach()
         return out
 
     def _choose_heads(self, converted, borrowed) -> tuple[list[int], float]:
@@ -302,7 +371,7 @@ def _pad_own_slots(borrowed: torch.Tensor, own: int) -> torch.Tensor:
 def _probs_and_mix(attn: _Attention, hidden, cos, sin):
     """Attention probabilities (B, H, T, T) and the source's mix (B, H, T, d), all heads own."""
     b, t, _ = hidden.shape
-    x = attn.layer.input_layernorm(hidden)
+    x = attention_input(attn.layer, hidden)
     q, k = (F.linear(x, *p).view(b, t, -1, attn.d) for p in (attn.q, attn.k))
     q, k = attn.q_norm(q).transpose(1, 2), attn.k_norm(k).transpose(1, 2)
     v = F.linear(x, attn.layer.self_attn.v_proj.weight, attn.layer.self_attn.v_proj.bias)

@@ -1,9 +1,10 @@
 """KV-cache arithmetic of the source (MHA/GQA) and SkipV1 layouts, from config fields alone."""
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..families import family_of
+from ..families import LLAMA, family_of
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:
     config's value (0 for the source layout)."""
     layout = kv_layout(config)
     s = layout.skip_v_heads if skip_v_heads is None else skip_v_heads
+    family = family_of(config)
+    if family is not None and family.fused_qkv:
+        return _count_from_plan(config, s)
     hidden, heads, d = config["hidden_size"], config["num_attention_heads"], layout.head_dim
     n_kv, layers, vocab = layout.num_kv_heads, layout.num_layers, config["vocab_size"]
     qkv_bias = bool(config.get("attention_bias")) or config.get("model_type") == "qwen2"
@@ -88,11 +92,18 @@ def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:
         )
 
     mlp = 3 * hidden * inter + ((2 * inter + hidden) if mlp_bias else 0)
-    family = family_of(config)
-    per_layer_norms = (4 if family and family.gemma_layout else 2) * hidden
-    per_layer_norms += 2 * d if family and family.qk_norm else 0
+    qk_norms = 2 * d
+    if family and family.qk_norm_scope == "projection":  # OLMo-2: over every head
+        qk_norms = (heads + n_kv) * d
+    per_layer_norms = len((family or LLAMA).norms.names()) * hidden
+    per_layer_norms += qk_norms if family and family.qk_norm else 0
     total = attention(n_kv) + (layers - 1) * attention(n_kv - s)
     total += layers * (mlp + per_layer_norms) + hidden + vocab * hidden
+    if family and family.experts:  # sparse layers: a router and the experts, not the MLP
+        experts = family.experts
+        count, expert_inter = experts.count(config), config[experts.intermediate_field]
+        sparse = sum(experts.is_sparse(config, i) for i in range(layers))
+        total += sparse * (count * (3 * hidden * expert_inter + hidden) - mlp)
     if not tied_embeddings(config):
         total += vocab * hidden
     return total
@@ -100,6 +111,15 @@ def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:
 
 def tied_embeddings(config: dict) -> bool:
     """Whether lm_head is the embedding matrix; a config.json without the field gets its family's
-    transformers default (Gemma: tied)."""
+    transformers default (GPT-2, Gemma: tied)."""
     family = family_of(config)
-    return bool(config.get("tie_word_embeddings", bool(family and family.gemma_layout)))
+    return bool(config.get("tie_word_embeddings", bool(family and family.tied_by_default)))
+
+
+def _count_from_plan(config: dict, skip_v_heads: int) -> int:
+    """A family with fused projections: the tensors the conversion plan says it has."""
+    from ..convert.plan import make_plan  # the plan knows every family's tensor shapes
+
+    plan = make_plan(config, skip_v_heads, "keep")
+    optional = plan.source.optional_tensors()
+    return sum(math.prod(t.target_shape) for t in plan.tasks.values() if t.name not in optional)

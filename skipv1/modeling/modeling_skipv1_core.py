@@ -58,6 +58,8 @@ class SkipV1ConfigMixin:
     # Families whose sliding-window layers SkipV1 keeps (Gemma); the others attend over the full
     # context only.
     supports_sliding_window = False
+    # the dimension of the `value_projection` tensor that holds the rows (1 for a Conv1D)
+    value_projection_dim = 0
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -100,6 +102,12 @@ class SkipV1ConfigMixin:
     def own_value_heads(self, layer_idx: int) -> int:
         """Value heads a layer computes itself: all of them in layer 0, n_kv - s afterwards."""
         return self.num_key_value_heads - (self.skip_v_heads if layer_idx > 0 else 0)
+
+    def value_projection(self, layer_idx: int) -> tuple[str, int]:
+        """(name, rows) of the checkpoint tensor that holds a layer's value rows: its v_proj
+        weight here; a fused projection's weight in a family that has one."""
+        name = f"model.layers.{layer_idx}.self_attn.v_proj.weight"
+        return name, self.own_value_heads(layer_idx) * self.head_dim
 
 
 class FirstLayerValues:
@@ -264,8 +272,17 @@ class SkipV1AttentionMixin:
     eager_attention = staticmethod(eager_attention_forward)
 
     def __init__(self, config, layer_idx: int):
-        super().__init__(config, layer_idx)
+        super().__init__(config, layer_idx=layer_idx)  # by name: GPT-2's second is another
         self.own_value_heads = config.own_value_heads(layer_idx)
+        self.size_projections(config)
+        # Set only while uptraining with gradual conversion (skipv1.uptrain.gradual): maps
+        # (hidden_states, borrowed values) to the values the borrowed heads use.
+        self.value_blend: nn.Module | None = None
+
+    def size_projections(self, config) -> None:
+        """Resizes the family's projections to the layer's own value heads: v_proj here (and
+        o_proj when its bias differs from q/k/v's); a family with a fused q/k/v projection
+        resizes that instead."""
         self.v_proj = nn.Linear(
             config.hidden_size, self.own_value_heads * self.head_dim, bias=config.attention_bias
         )
@@ -275,9 +292,15 @@ class SkipV1AttentionMixin:
                 config.hidden_size,
                 bias=config.o_proj_bias,
             )
-        # Set only while uptraining with gradual conversion (skipv1.uptrain.gradual): maps
-        # (hidden_states, borrowed values) to the values the borrowed heads use.
-        self.value_blend: nn.Module | None = None
+
+    def rotate(self, queries, keys, position_embeddings) -> tuple:
+        """Queries and keys [batch, heads, seq, head_dim] with positions applied (RoPE here)."""
+        cos, sin = position_embeddings
+        return apply_rotary_pos_emb(queries, keys, cos, sin)
+
+    def output(self, attn_output: torch.Tensor) -> torch.Tensor:
+        """The output projection of the heads' mix [batch, seq, heads * head_dim]."""
+        return self.o_proj(attn_output)
 
     def project(self, hidden_states: torch.Tensor, hidden_shape: tuple) -> tuple:
         """(queries, keys, values) as [batch, seq, heads, head_dim], before RoPE."""
@@ -306,8 +329,7 @@ class SkipV1AttentionMixin:
         query_states, key_states, value_states = (
             t.transpose(1, 2) for t in self.project(hidden_states, hidden_shape)
         )
-        cos, sin = position_embeddings
-        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        query_states, key_states = self.rotate(query_states, key_states, position_embeddings)
         value_states, own = self.rank_value_heads(value_states, key_states.shape[1])
 
         store = None
@@ -359,7 +381,7 @@ class SkipV1AttentionMixin:
             attn_output = torch.cat(outputs, dim=2)  # [batch, q_len, heads, d]
             attn_weights = None if weights[0] is None else torch.cat(weights, dim=1)
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
-        return self.o_proj(attn_output), attn_weights
+        return self.output(attn_output), attn_weights
 
     def borrowed_values(self, first: FirstLayerValues, own: int, kv_length: int) -> torch.Tensor:
         """Layer 0's borrowed heads at the positions of this layer's keys. Without a cache, and
@@ -393,7 +415,7 @@ def check_value_projection_rows(path: "str | os.PathLike", config) -> None:
     """Fails with the numbers when a local checkpoint's v_proj rows disagree with `skip_v_heads`
     (transformers' own error only says "size mismatch")."""
     index_file = os.path.join(path, "model.safetensors.index.json")
-    name = "model.layers.1.self_attn.v_proj.weight"
+    name, expected = config.value_projection(1)
     if os.path.isfile(index_file):
         with open(index_file) as f:
             shard = json.load(f)["weight_map"].get(name)
@@ -404,13 +426,14 @@ def check_value_projection_rows(path: "str | os.PathLike", config) -> None:
     with safe_open(os.path.join(path, shard), framework="pt") as f:
         if name not in f.keys():
             return
-        rows = f.get_slice(name).get_shape()[0]
-    expected = config.own_value_heads(1) * config.head_dim
+        shape = f.get_slice(name).get_shape()
+    rows = shape[config.value_projection_dim]
     if rows != expected:
         raise ValueError(
             f"{name} has {rows} rows but skip_v_heads={config.skip_v_heads} with "
             f"num_key_value_heads={config.num_key_value_heads} and head_dim={config.head_dim} needs "
-            f"(n_kv - s) * head_dim = {expected}: the config and the weights disagree."
+            f"n_kv - s = {config.own_value_heads(1)} own value heads, rows = {expected}: the "
+            "config and the weights disagree."
         )
 
 
@@ -457,13 +480,13 @@ class SkipV1ModelMixin:
     forward carries a fresh `FirstLayerValues` down to the attention modules."""
 
     decoder_layer_class: type[nn.Module]
+    layers_attribute = "layers"  # the family model's ModuleList of decoder layers
 
     def __init__(self, config):
         checkpointing = keep_checkpointing_flag(config)
         super().__init__(config)
-        self.layers = nn.ModuleList(
-            [self.decoder_layer_class(config, i) for i in range(config.num_hidden_layers)]
-        )
+        layers = [self.decoder_layer_class(config, i) for i in range(config.num_hidden_layers)]
+        setattr(self, self.layers_attribute, nn.ModuleList(layers))
         if checkpointing:
             config.gradient_checkpointing = True
         self.post_init()
@@ -503,7 +526,8 @@ class SkipV1ForCausalLMMixin:
         super().__init__(config)
         if checkpointing:
             config.gradient_checkpointing = True
-        self.model = self.base_model_class(config)
+        # `model` in most families (`gpt_neox`, `transformer` in others)
+        setattr(self, self.base_model_prefix, self.base_model_class(config))
         if checkpointing:
             config.gradient_checkpointing = True
         self.post_init()
@@ -532,3 +556,27 @@ def expose_in_transformers(model_class: type) -> None:
     lazy = type(transformers)
     if model_class.__name__ not in vars(lazy):
         setattr(lazy, model_class.__name__, _TopLevelName(model_class))
+
+
+def share_weight_conversions(model_type: str, source_model_type: str) -> None:
+    """Checkpoints keep the source's tensor names (a MoE's experts one tensor each, as on the
+    Hub); transformers fuses them on loading by the model_type's conversion mapping, which a
+    SkipV1 model_type (and remote code) gets only by registering the source's."""
+    from transformers.conversion_mapping import (
+        get_checkpoint_conversion_mapping,
+        register_checkpoint_conversion_mapping,
+    )
+
+    mapping = get_checkpoint_conversion_mapping(source_model_type)
+    if mapping is not None:
+        register_checkpoint_conversion_mapping(model_type, mapping, overwrite=True)
+
+
+def refuse_sliding_window(config) -> None:
+    """Families whose config has one `sliding_window` for every layer (Mixtral, Qwen3-MoE): an
+    active window is refused, as `layer_types` sliding layers are (see SkipV1ConfigMixin)."""
+    if getattr(config, "sliding_window", None) is not None:
+        raise ValueError(
+            f"sliding_window={config.sliding_window}: SkipV1 attends over the full context only "
+            "(set sliding_window=null and use_sliding_window=false)."
+        )

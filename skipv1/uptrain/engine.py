@@ -149,24 +149,48 @@ def offloads_optimizer(config: dict) -> bool:
 
 
 def make_optimizer(model: torch.nn.Module, recipe: Recipe, device: torch.device, offload: bool):
-    """AdamW with weight decay on matrices only (not on biases, norms or embeddings)."""
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        is_matrix = param.ndim >= 2 and "embed" not in name
-        (decay if is_matrix else no_decay).append(param)
+    """AdamW with weight decay on matrices only (not on biases, norms or embeddings). With
+    `optim.attention_first_fraction`, the attention parameters are groups of their own (first),
+    so that the schedule can hold every other group at lr 0 for a while."""
     o = recipe.optim
-    groups = [
-        {"params": decay, "weight_decay": o.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    groups = []
+    for params in parameter_sets(model, split_attention=o.attention_first_fraction > 0):
+        decay = [p for name, p in params if p.ndim >= 2 and "embed" not in name]
+        no_decay = [p for name, p in params if not (p.ndim >= 2 and "embed" not in name)]
+        groups += [
+            {"params": decay, "weight_decay": o.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
     kwargs = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps)
     if offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
     return torch.optim.AdamW(groups, fused=device.type == "cuda", **kwargs)
+
+
+def parameter_sets(model: torch.nn.Module, split_attention: bool) -> list[list]:
+    """The trainable (name, parameter) pairs: one set, or [attention modules', the rest]. An
+    attention module is one whose class name ends in "Attention" (transformers' convention for
+    every family: LlamaAttention, Qwen3Attention, GPT2Attention, ...)."""
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not split_attention:
+        return [trainable]
+    attention = {
+        id(p)
+        for m in model.modules()
+        if type(m).__name__.endswith("Attention")
+        for p in m.parameters()
+    }
+    if not attention:
+        raise SkipV1Error(
+            "`optim.attention_first_fraction` is set but the model has no attention modules "
+            "(no module class ends in 'Attention'): set it to 0"
+        )
+    return [
+        [(n, p) for n, p in trainable if id(p) in attention],
+        [(n, p) for n, p in trainable if id(p) not in attention],
+    ]
 
 
 def initialize(model, optimizer, scheduler_fn, config: dict):

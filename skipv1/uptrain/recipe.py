@@ -145,6 +145,9 @@ class OptimSection(Section):
     grad_clip: Float = Field(1.0, ge=0)  # 0 turns clipping off
     warmup_fraction: Float = Field(0.1, ge=0, lt=1)
     min_lr_ratio: Float = Field(0.1, ge=0, le=1)  # cosine decays to min_lr_ratio * lr
+    # > 0: for this share of the steps only the attention modules train (every other parameter
+    # at lr 0), then everything follows the schedule (engine.make_optimizer's groups)
+    attention_first_fraction: Float = Field(0.0, ge=0, lt=1)
 
     @field_validator("betas")
     @classmethod

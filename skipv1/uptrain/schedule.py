@@ -30,9 +30,30 @@ def warmup_steps(total_steps: int, warmup_fraction: float) -> int:
     return round(total_steps * warmup_fraction)
 
 
-def make_scheduler(optimizer, total_steps: int, warmup_fraction: float, min_lr_ratio: float):
-    """A LambdaLR: DeepSpeed steps it once per optimizer step and saves it in checkpoints."""
+def make_scheduler(
+    optimizer,
+    total_steps: int,
+    warmup_fraction: float,
+    min_lr_ratio: float,
+    attention_first_fraction: float = 0.0,
+):
+    """A LambdaLR: DeepSpeed steps it once per optimizer step and saves it in checkpoints. With
+    `attention_first_fraction`, the groups after the first two (the attention parameters' decay
+    and no-decay groups, see engine.make_optimizer) stay at lr 0 for that share of the steps;
+    their Adam moments keep accumulating, so they join without a cold start."""
     from torch.optim.lr_scheduler import LambdaLR
 
     warmup = warmup_steps(total_steps, warmup_fraction)
-    return LambdaLR(optimizer, lambda step: lr_multiplier(step, total_steps, warmup, min_lr_ratio))
+
+    def schedule(step: int) -> float:
+        return lr_multiplier(step, total_steps, warmup, min_lr_ratio)
+
+    if not attention_first_fraction:
+        return LambdaLR(optimizer, schedule)
+    held = round(total_steps * attention_first_fraction)
+
+    def held_schedule(step: int) -> float:
+        return 0.0 if step < held else schedule(step)
+
+    lambdas = [schedule, schedule] + [held_schedule] * (len(optimizer.param_groups) - 2)
+    return LambdaLR(optimizer, lambdas)

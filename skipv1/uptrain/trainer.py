@@ -236,7 +236,13 @@ class UptrainRecipe:
 
     def _scheduler(self, optimizer):
         o = self.recipe.optim
-        return make_scheduler(optimizer, self.total_steps, o.warmup_fraction, o.min_lr_ratio)
+        return make_scheduler(
+            optimizer,
+            self.total_steps,
+            o.warmup_fraction,
+            o.min_lr_ratio,
+            o.attention_first_fraction,
+        )
 
     def plan(self) -> dict:
         """Tokens, steps, FLOPs and the share of the source's pretraining compute."""
