@@ -7,6 +7,33 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class LayerNorms:
+    """A decoder layer's norms by where they sit (their checkpoint names; None: no norm there)."""
+
+    attention_input: str | None
+    attention_output: str | None  # on the attention's output, before the residual add
+    mlp_input: str | None
+    mlp_output: str | None
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n in vars(self).values() if n is not None)
+
+
+# Before attention and MLP (Llama, Qwen3, the MoEs: post_attention_layernorm is the MLP's input
+# norm there)
+PRE_NORMS = LayerNorms("input_layernorm", None, "post_attention_layernorm", None)
+# After them, on their outputs (OLMo-2)
+POST_NORMS = LayerNorms(None, "post_attention_layernorm", None, "post_feedforward_layernorm")
+# Both (Gemma)
+PRE_AND_POST_NORMS = LayerNorms(
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+)
+
+
+@dataclass(frozen=True)
 class ExpertLayout:
     """How a mixture-of-experts MLP names its tensors in a checkpoint (the hub's layout, which
     transformers' save_pretrained writes too): model.layers.{i}.{block}.gate.weight (the router)
@@ -40,6 +67,14 @@ class Family:
     # A source with an active sliding window: True refuses it, False converts it with the
     # context clamped to the window (exact within it).
     refuse_sliding_window: bool = False
+    # Sliding-window layers kept as the source has them (layer_types): the SkipV1 cache holds
+    # layer 0's borrowed value heads for the full context (modeling_skipv1_core).
+    keeps_sliding_window: bool = False
+    # input embeddings times sqrt(hidden_size) (Gemma)
+    scaled_embeddings: bool = False
+    # lm_head is the embedding matrix when config.json does not say (transformers' default for
+    # the family: GPT-2, Gemma)
+    tied_by_default: bool = False
     # The calibrated inits (calibrated, reconstruct) run the family's layers through a forward
     # written out by hand (calibrate.py, reconstruct.py); False refuses them for the family.
     calibrated_inits: bool = True
@@ -51,9 +86,9 @@ class Family:
     # over the whole q / k projection (OLMo-2), weights (heads * head_dim,), which move with a
     # head permutation
     qk_norm_scope: str = "head"
-    # norms after attention and MLP (OLMo-2: post_attention_layernorm on the attention's output,
-    # post_feedforward_layernorm on the MLP's, no input_layernorm) instead of before them
-    post_norms: bool = False
+    # where the layer's norms sit (PRE_NORMS, POST_NORMS, PRE_AND_POST_NORMS): the plan's tensors,
+    # the parameter count and the calibrated inits' hand-written forwards read it
+    norms: LayerNorms = PRE_NORMS
     experts: ExpertLayout | None = None  # the MLP is a mixture of experts
 
     @property
@@ -94,6 +129,25 @@ QWEN3 = Family(
     qk_norm=True,
     refuse_sliding_window=True,
 )
+GEMMA2 = Family(
+    "gemma2",
+    "Gemma2",
+    {"Gemma2ForCausalLM": "gemma2"},
+    keeps_sliding_window=True,
+    scaled_embeddings=True,
+    tied_by_default=True,
+    norms=PRE_AND_POST_NORMS,
+)
+GEMMA3_TEXT = Family(
+    "gemma3_text",
+    "Gemma3Text",
+    {"Gemma3ForCausalLM": "gemma3_text"},
+    qk_norm=True,
+    keeps_sliding_window=True,
+    scaled_embeddings=True,
+    tied_by_default=True,
+    norms=PRE_AND_POST_NORMS,
+)
 PHI3 = Family("phi3", "Phi3", {"Phi3ForCausalLM": "phi3"}, fused_qkv=True)
 # LayerNorms, parallel residual, partial rotary: the calibrated inits' Llama forward does not fit
 GPT_NEOX = Family(
@@ -109,6 +163,7 @@ GPT2 = Family(
     {"GPT2LMHeadModel": "gpt2"},
     calibrated_inits=False,
     fused_qkv=True,
+    tied_by_default=True,
     config_aliases=(
         ("hidden_size", "n_embd"),
         ("num_attention_heads", "n_head"),
@@ -123,7 +178,7 @@ OLMO2 = Family(
     {"Olmo2ForCausalLM": "olmo2"},
     qk_norm=True,
     qk_norm_scope="projection",
-    post_norms=True,
+    norms=POST_NORMS,
 )
 MIXTRAL = Family(
     "mixtral",
@@ -139,7 +194,7 @@ QWEN3_MOE = Family(
     refuse_sliding_window=True,
     experts=ExpertLayout("mlp", "gate_proj", "up_proj", "down_proj", "moe_intermediate_size"),
 )
-FAMILIES = (LLAMA, QWEN3, PHI3, GPT_NEOX, GPT2, OLMO2, MIXTRAL, QWEN3_MOE)
+FAMILIES = (LLAMA, QWEN3, PHI3, GPT_NEOX, GPT2, OLMO2, MIXTRAL, QWEN3_MOE, GEMMA2, GEMMA3_TEXT)
 
 SOURCE_ARCHITECTURES = {arch: kind for f in FAMILIES for arch, kind in f.sources.items()}
 # A config without `architectures` (older or hand-written ones) is recognised by its model_type,

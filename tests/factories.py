@@ -11,6 +11,10 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     GPTNeoXConfig,
@@ -45,8 +49,10 @@ ARCHS = {
     "olmo2": (Olmo2Config, Olmo2ForCausalLM),
     "mixtral": (MixtralConfig, MixtralForCausalLM),
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM),
+    "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM),
 }
-# Tiny mixtures of experts: 4 experts, 2 per token (tests/test_moe_families.py).
+# Tiny mixtures of experts: 4 experts, 2 per token (tests/test_families_olmo2_moe.py).
 MOE_FIELDS = {
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16),
@@ -97,8 +103,8 @@ def tiny_config(arch: str = "llama", **overrides):
     )
     if arch in ("mistral", "qwen2"):
         fields["sliding_window"] = None
-    if arch == "qwen3":
-        fields["head_dim"] = 16  # Qwen3Config's default is 128
+    if arch in ("qwen3", "gemma2", "gemma3_text"):
+        fields["head_dim"] = 16  # Qwen3Config's default is 128, Gemma's 256
     if arch in ("gpt_neox", "gpt2"):
         del fields["num_key_value_heads"]  # multi-head only
     if arch == "gpt2":

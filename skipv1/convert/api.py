@@ -385,7 +385,9 @@ def summarize(
     if not prepared.companions["tokenizer"]:
         warnings.append("the source has no tokenizer files: the output has none either")
     if prepared.dropped:
-        warnings.append(f"dropped {len(prepared.dropped)} recomputed buffer(s) (rotary inv_freq, causal masks)")
+        warnings.append(
+            f"dropped {len(prepared.dropped)} recomputed buffer(s) (rotary inv_freq, causal masks)"
+        )
     return {
         "source": source.label,
         "source_dir": str(prepared.root) if not source.is_gguf else str(source.path),

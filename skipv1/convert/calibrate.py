@@ -122,14 +122,12 @@ def calibrate(
         skip_heads,
         whole_qk_norms=family_of_config(config).qk_norm_scope == "projection",
     )
-    embed = load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
-    hidden = embed.float()[input_ids].to(device)
-    positions = torch.arange(input_ids.shape[1], device=device).unsqueeze(0)
-    rotary = _rotary(config)
-    cos, sin = rotary(hidden[:1], positions)
+    hidden = embed_inputs(config, load, input_ids).to(device)
+    tables = rotary_tables(config, hidden)
     first_values = None
     for i in range(config.num_hidden_layers):
         layer = _load_layer(config, load, i).to(device)
+        cos, sin = tables[i]
         stats = _GramStats(config, skip_heads, device) if i > 0 and skip_heads > 0 else None
         outputs, values = [], []
         for start in range(0, hidden.shape[0], batch_size):
@@ -160,6 +158,93 @@ def family_of_config(config):
     return SKIPV1_MODEL_TYPES[config.model_type]
 
 
+# --- the family's forward, written out (here and in reconstruct.py): embeddings, RoPE, the
+# attention's mask and soft-capping, where the norms sit ---
+
+
+def embed_inputs(config, load: LoadTensors, input_ids: torch.Tensor) -> torch.Tensor:
+    """Input embeddings of the calibration tokens (float); Gemma scales them by sqrt(hidden)."""
+    embed = load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
+    hidden = embed.float()[input_ids]
+    scaled = family_of_config(config).scaled_embeddings
+    return hidden * config.hidden_size**0.5 if scaled else hidden
+
+
+def rotary_tables(config, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(cos, sin) of every layer for positions 0..T-1 of `like` (B, T, hidden): one RoPE for all
+    layers, or one per layer type where the config has them (Gemma 3: local and global bases)."""
+    positions = torch.arange(like.shape[1], device=like.device).unsqueeze(0)
+    types = list(getattr(config, "layer_types", None) or ["full_attention"])
+    types += [types[-1]] * (config.num_hidden_layers - len(types))
+    rope = getattr(config, "rope_parameters", None) or {}
+    if set(types) <= set(rope):  # rope_parameters keyed by layer type
+        from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+        rotary = Gemma3RotaryEmbedding(config).to(like.device)
+        table = {t: rotary(like[:1], positions, t) for t in set(types)}
+    else:
+        both = _rotary(config).to(like.device)(like[:1], positions)
+        table = dict.fromkeys(set(types), both)
+    return [table[t] for t in types]
+
+
+def attention_probs(attn, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, T) attention probabilities of roped q (B, H, T, d) and k (B, KV, T, d): causal,
+    within the layer's sliding window where it has one, logits soft-capped where the family caps
+    them (Gemma 2); the same call arguments the model's attention passes (`attention_kwargs`)."""
+    extra = attn.attention_kwargs()
+    scores = q @ repeat_kv(k, attn.num_key_value_groups).transpose(2, 3) * attn.scaling
+    if extra.get("softcap"):
+        scores = torch.tanh(scores / extra["softcap"]) * extra["softcap"]
+    return scores.masked_fill(~allowed(attn, q.shape[2], q.device), float("-inf")).softmax(-1)
+
+
+def allowed(attn, length: int, device) -> torch.Tensor:
+    """(T, T) bool, True where a query may attend: causal, and within a sliding window."""
+    pos = torch.arange(length, device=device)
+    distance = pos[:, None] - pos[None, :]
+    window = attn.attention_kwargs().get("sliding_window")
+    return (distance >= 0) & (distance < window) if window else distance >= 0
+
+
+def _norm(layer, slot: str):
+    """The layer's norm at `slot` of its family's LayerNorms (None: the family has none there)."""
+    name = getattr(family_of_config(layer.self_attn.config).norms, slot)
+    return None if name is None else getattr(layer, name)
+
+
+def _apply(norm, x: torch.Tensor) -> torch.Tensor:
+    return x if norm is None else norm(x)
+
+
+def attention_input(layer, hidden: torch.Tensor) -> torch.Tensor:
+    return _apply(_norm(layer, "attention_input"), hidden)
+
+
+def attention_output_norm(layer):
+    """The norm applied to the attention's output before the residual add (OLMo-2, Gemma; None:
+    none)."""
+    return _norm(layer, "attention_output")
+
+
+def add_attention(layer, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The residual stream after attention, from its input and the attention's output."""
+    return hidden + _apply(attention_output_norm(layer), out)
+
+
+def mlp_input(layer, hidden: torch.Tensor) -> torch.Tensor:
+    return _apply(_norm(layer, "mlp_input"), hidden)
+
+
+def mlp_output_norm(layer):
+    """The norm applied to the MLP's output before the residual add (OLMo-2, Gemma; None: none)."""
+    return _norm(layer, "mlp_output")
+
+
+def add_mlp(layer, hidden: torch.Tensor) -> torch.Tensor:
+    return hidden + _apply(mlp_output_norm(layer), layer.mlp(mlp_input(layer, hidden)))
+
+
 def _load_layer(config: SkipV1LlamaConfig, load: LoadTensors, i: int):
     """Decoder layer i of the source, of the config's family (Llama, Qwen3...)."""
     causal_lm = FAMILY_CLASSES[config.model_type][1]
@@ -174,6 +259,18 @@ def _load_layer(config: SkipV1LlamaConfig, load: LoadTensors, i: int):
 
 
 @torch.no_grad()
+def source_hidden_states(config, load: LoadTensors, input_ids: torch.Tensor) -> list[torch.Tensor]:
+    """The source's residual stream after each layer as the calibrated init computes it (its
+    hand-written forward); the model's own forward gives the same (tests/test_gemma.py)."""
+    hidden = embed_inputs(config, load, input_ids)
+    tables, states = rotary_tables(config, hidden), []
+    for i in range(config.num_hidden_layers):
+        hidden, _ = _layer_forward(_load_layer(config, load, i), hidden, *tables[i], None, None)
+        states.append(hidden)
+    return states
+
+
+@torch.no_grad()
 def _layer_forward(layer, hidden, cos, sin, stats, first_values):
     """The source layer's forward, written out to expose attention probabilities and values."""
     attn = layer.self_attn
@@ -182,54 +279,12 @@ def _layer_forward(layer, hidden, cos, sin, stats, first_values):
     # the family's own projections (Qwen3: q/k RMSNorm per head), before RoPE
     q, k, v = (t.transpose(1, 2) for t in attn.project(x, (batch, length, -1, attn.head_dim)))
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    scores = q @ repeat_kv(k, attn.num_key_value_groups).transpose(2, 3) * attn.scaling
-    causal = torch.ones(length, length, dtype=torch.bool, device=hidden.device).triu(1)
-    probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+    probs = attention_probs(attn, q, k)
     mixed = probs @ repeat_kv(v, attn.num_key_value_groups)  # (B, H, T, d)
     if stats is not None:
         stats.add(probs, mixed, first_values)
-    hidden = add_attention(
-        layer, hidden, attn.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1))
-    )
-    return add_mlp(layer, hidden), v
-
-
-# Where the family puts a layer's norms, for the forwards written out here and in
-# reconstruct.py: before attention and MLP (Llama, Qwen3, the MoEs) or after them (OLMo-2).
-
-
-def post_norms(layer) -> bool:
-    return family_of_config(layer.self_attn.config).post_norms
-
-
-def attention_input(layer, hidden: torch.Tensor) -> torch.Tensor:
-    return hidden if post_norms(layer) else layer.input_layernorm(hidden)
-
-
-def attention_output_norm(layer):
-    """The norm applied to the attention's output before the residual add (None: pre-norm)."""
-    return layer.post_attention_layernorm if post_norms(layer) else None
-
-
-def add_attention(layer, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """The residual stream after attention, from its input and the attention's output."""
-    norm = attention_output_norm(layer)
-    return hidden + (out if norm is None else norm(out))
-
-
-def mlp_input(layer, hidden: torch.Tensor) -> torch.Tensor:
-    return hidden if post_norms(layer) else layer.post_attention_layernorm(hidden)
-
-
-def mlp_output_norm(layer):
-    """The norm applied to the MLP's output before the residual add (None: pre-norm)."""
-    return layer.post_feedforward_layernorm if post_norms(layer) else None
-
-
-def add_mlp(layer, hidden: torch.Tensor) -> torch.Tensor:
-    out = layer.mlp(mlp_input(layer, hidden))
-    norm = mlp_output_norm(layer)
-    return hidden + (out if norm is None else norm(out))
+    attn_out = attn.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1))
+    return add_mlp(layer, add_attention(layer, hidden, attn_out)), v
 
 
 # Relative ridge strengths tried for each fit (times the mean diagonal of the fold's Z^T Z).

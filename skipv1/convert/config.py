@@ -9,7 +9,8 @@ from ..checkpoint_info import SOURCE_ARCHITECTURES
 from . import fused
 from .plan import ConversionPlan
 
-# Fields that switch on sliding-window masks in transformers; our model has full attention only.
+# Fields that switch on sliding-window masks in transformers; the families that do not keep
+# sliding-window layers (Family.keeps_sliding_window) attend over the full context only.
 SLIDING_FIELDS = ("layer_types", "use_sliding_window", "max_window_layers")
 # Sources whose window applies only with `use_sliding_window` (and then per `max_window_layers`).
 WINDOW_FLAG_SOURCES = ("qwen2", "qwen3", "qwen3_moe")
@@ -78,7 +79,8 @@ def skipv1_config(
     if qkv is not None:
         split = fused.split_record(qkv, plan.source, plan.skip_heads)
         put("fused_qkv_split", split, "later layers' fused q/k/v tensors hold fewer value rows")
-    _drop_sliding_window(source, out, put, drop)
+    if not family.keeps_sliding_window:  # Gemma keeps its sliding-window layers as they are
+        _drop_sliding_window(source, out, put, drop)
     if dtype is not None:
         put("dtype", dtype, "--dtype")
         drop("torch_dtype", "superseded by dtype")

@@ -98,6 +98,9 @@ def _model(config, state, transform, skip_heads, device) -> SkipV1LlamaForCausal
     if "lm_head.weight" in missing:
         model.tie_weights()
     model.model.rotary_emb = type(model.model.rotary_emb)(model.config)  # buffers off meta
+    embed = model.model.embed_tokens
+    if hasattr(embed, "scalar_embed_scale"):  # Gemma's scaled embeddings: their buffer too
+        embed.embed_scale = torch.tensor(embed.scalar_embed_scale)
     return model.to(device).train()
 
 

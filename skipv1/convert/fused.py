@@ -26,7 +26,6 @@ class Phi3Layout:
     """Phi-3: `qkv_proj` rows [q: heads*d | k: kv*d | v: kv*d], `gate_up_proj` rows [gate | up]."""
 
     default_bias = False
-    default_tied = False
     describe = "[q | k | v]: all query rows, then all key rows, then the own value rows"
     prefix = "model.layers."
     value_tensors = ("self_attn.qkv_proj.weight",)
@@ -69,7 +68,6 @@ class GPTNeoXLayout:
     [q_h k_h v_h] for its own heads h < own, then [q_h k_h] for the borrowed ones."""
 
     default_bias = True  # GPTNeoXConfig.attention_bias
-    default_tied = False
     describe = (
         "per head [q_h | k_h | v_h] for the own value heads h < v_heads, then [q_h | k_h] "
         "for the others"
@@ -124,7 +122,6 @@ class GPT2Layout(Phi3Layout):
     the output columns are [q | k | v] as Phi-3's rows. Tied embeddings by default."""
 
     default_bias = True
-    default_tied = True
 
     def __init__(self, base: str = "transformer."):
         # the Hub's original GPT-2 checkpoints name their tensors without `transformer.`

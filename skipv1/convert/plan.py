@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from ..checkpoint_info import SOURCE_ARCHITECTURES, architecture, default_skip_heads
 from ..errors import SkipV1Error
 from ..families import LLAMA, Family, family_of
-from ..modeling.layout import KVLayout, kv_layout
+from ..modeling.layout import KVLayout, kv_layout, tied_embeddings
 from . import fused
 from .inits import DEFAULT_INIT, Init, get_init
 from .names import later_attention_norm, later_attention_projection
@@ -42,6 +42,7 @@ class SourceModel:
     bare_names: bool = False  # GPT-2 names without `transformer.` (fused.has_bare_names)
     # a mixture of experts (family.experts): (experts, their intermediate size, sparse layers)
     experts: tuple[int, int, frozenset[int]] | None = None
+    windowed_first_layer: bool = False  # see KVLayout
 
     @classmethod
     def from_config(cls, config: dict, bare_names: bool = False) -> "SourceModel":
@@ -65,11 +66,12 @@ class SourceModel:
             qkv_bias=qwen2 or attention_bias,
             o_bias=False if qwen2 else attention_bias,
             mlp_bias=bool(config.get("mlp_bias", False)),
-            tied=bool(config.get("tie_word_embeddings", qkv.default_tied if qkv else False)),
+            tied=tied_embeddings(config),
             positions=config.get("max_position_embeddings", 0),
             bare_names=bare_names,
             qk_norm=family.qk_norm,
             experts=_experts(family, config, layout.num_layers),
+            windowed_first_layer=layout.windowed_first_layer,
         )
 
     @property
@@ -79,7 +81,12 @@ class SourceModel:
 
     @property
     def kv(self) -> KVLayout:
-        return KVLayout(self.num_layers, self.num_kv_heads, self.head_dim)
+        return KVLayout(
+            self.num_layers,
+            self.num_kv_heads,
+            self.head_dim,
+            windowed_first_layer=self.windowed_first_layer,
+        )
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor a checkpoint of this config holds (lm_head optional when tied)."""
@@ -106,11 +113,7 @@ class SourceModel:
                 whole = self.family.qk_norm_scope == "projection"  # OLMo-2: over all heads
                 shapes[p + "self_attn.q_norm.weight"] = (q_rows if whole else self.head_dim,)
                 shapes[p + "self_attn.k_norm.weight"] = (kv_rows if whole else self.head_dim,)
-            for norm in (
-                ("post_attention_layernorm", "post_feedforward_layernorm")
-                if self.family.post_norms
-                else ("input_layernorm", "post_attention_layernorm")
-            ):
+            for norm in self.family.norms.names():
                 shapes[p + norm + ".weight"] = (h,)
         shapes["model.norm.weight"] = (h,)
         shapes["lm_head.weight"] = (self.vocab, h)

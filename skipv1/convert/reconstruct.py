@@ -13,12 +13,14 @@ and for every later layer, on the converted stream:
 3. refits the MLP's down_proj the same way, so that the layer's output matches the source
    layer's output (a mixture of experts is kept: its experts are copied).
 
-Where the family puts its norms after attention and MLP (OLMo-2), each refit's target is the
-pre-norm output that the norm maps onto the wanted residual update (`_pre_norm_target`).
+Where the family puts norms on the attention's and the MLP's outputs (OLMo-2, Gemma), each refit's
+target is the pre-norm output that the norm maps onto the wanted residual update
+(`_pre_norm_target`). The passes run the family's forward as calibrate.py writes it out (scaled
+embeddings, RoPE per layer type, sliding-window masks, soft-capped logits: Gemma).
 
 Each ridge shrinks towards the source's weights, with a strength chosen by two-fold
 cross-validation over alternate calibration sequences, so small calibration sets do not
-overfit. Layer 0, every norm (up to the permutation), q/k (up to the permutation), the kept value rows and the MLP's
+overfit. Layer 0, every norm and q/k (up to the permutation), the kept value rows and the MLP's
 gate/up projections stay the source's. Memory: one layer's weights plus the two streams'
 hidden states of the calibration tokens (2 x tokens x hidden floats).
 
@@ -41,15 +43,18 @@ from .calibrate import (
     LoadTensors,
     _GramStats,
     _load_layer,
-    _rotary,
     _take_heads,
     add_attention,
     add_mlp,
+    allowed,
     attention_input,
     attention_output_norm,
+    attention_probs,
+    embed_inputs,
     family_of_config,
     mlp_input,
     mlp_output_norm,
+    rotary_tables,
 )
 
 METHOD = (
@@ -84,6 +89,7 @@ class _Attention:
     def __init__(self, layer, order: list[int], own: int):
         attn = layer.self_attn
         self.layer, self.d, self.scaling = layer, attn.head_dim, attn.scaling
+        self.softcap = attn.attention_kwargs().get("softcap")
         self.group = attn.num_key_value_groups
         queries = [h * self.group + r for h in order for r in range(self.group)]
         self.q = _permuted(attn.q_proj, queries, self.d)
@@ -111,8 +117,15 @@ class _Attention:
         if borrowed is not None:
             v = torch.cat([v, borrowed], dim=1)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+        if self.softcap:  # SDPA cannot cap the logits (Gemma 2)
+            out = attention_probs(self.layer.self_attn, q, k) @ repeat_kv(v, self.group)
+        else:
+            k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)
+            sliding = self.layer.self_attn.attention_kwargs().get("sliding_window")
+            mask = allowed(self.layer.self_attn, t, hidden.device) if sliding else None
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scaling
+            )
         return out.transpose(1, 2).reshape(b, t, -1)
 
     @property
@@ -162,13 +175,13 @@ def _dense_mlp(layer) -> bool:
 
 
 def _pre_norm_target(norm, wanted: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """What a linear layer followed by `norm` (an RMSNorm on its output, OLMo-2's post-norms)
-    should output for the norm to give `wanted`: RMSNorm is scale-invariant, so wanted / weight,
-    scaled per token to the rms of `reference` (the source layer's own pre-norm output: the
-    exact answer when nothing drifted). `norm` None (pre-norm families): `wanted` itself."""
+    """What a linear layer followed by `norm` (an RMSNorm on its output: OLMo-2's and Gemma's
+    post-norms) should output for the norm to give `wanted`: RMSNorm is scale-invariant, so
+    wanted / gain (`_gain`), scaled per token to the rms of `reference` (the source layer's own
+    pre-norm output: the exact answer when nothing drifted). `norm` None: `wanted` itself."""
     if norm is None:
         return wanted
-    w = norm.weight.detach()
+    w = _gain(norm)
     w = torch.where(w.abs() < 1e-6, torch.full_like(w, 1e-6), w)
     y = wanted / w
 
@@ -176,6 +189,13 @@ def _pre_norm_target(norm, wanted: torch.Tensor, reference: torch.Tensor) -> tor
         return t.pow(2).mean(-1, keepdim=True).sqrt()
 
     return y * (rms(reference) / rms(y).clamp_min(1e-12))
+
+
+def _gain(norm) -> torch.Tensor:
+    """An RMSNorm's per-feature gain (weight; Gemma's 1 + weight) up to a constant factor, which
+    `_pre_norm_target` rescales away: its output for an all-ones input."""
+    weight = norm.weight.detach()
+    return norm(torch.ones(1, weight.shape[-1], dtype=weight.dtype, device=weight.device))[0]
 
 
 def _batches(n: int, size: int) -> list[slice]:
@@ -195,10 +215,9 @@ def reconstruct(
     """Fits every later layer; `config` describes the source (its skip_v_heads must be 0)."""
     result = Reconstruction()
     own = config.num_key_value_heads - skip_heads
-    embed = load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
-    hidden = embed.float()[input_ids].to(device)
-    positions = torch.arange(input_ids.shape[1], device=device).unsqueeze(0)
-    cos, sin = _rotary(config).to(device)(hidden[:1], positions)
+    hidden = embed_inputs(config, load, input_ids).to(device)
+    tables = rotary_tables(config, hidden)
+    cos, sin = tables[0]
     batches = _batches(hidden.shape[0], batch_size)
     # Layer 0 is unchanged: both streams leave it equal; its values are what later layers borrow.
     layer = _load_layer(config, load, 0).to(device)
@@ -212,7 +231,7 @@ def reconstruct(
         on_layer(0)
     for i in range(1, config.num_hidden_layers):
         layer = _load_layer(config, load, i).to(device)
-        fit = _LayerFit(layer, config, skip_heads, cos, sin, batches)
+        fit = _LayerFit(layer, config, skip_heads, *tables[i], batches)
         source, converted, result.layers[i] = fit.run(source, converted, borrowed)
         prefix = f"model.layers.{i}."
         for name, tensor in fit.tensors().items():
@@ -221,6 +240,21 @@ def reconstruct(
         if on_layer:
             on_layer(i)
     return result
+
+
+@torch.no_grad()
+def source_hidden_states(config, load: LoadTensors, input_ids: torch.Tensor) -> list[torch.Tensor]:
+    """The source stream of the reconstruct init after each layer (its own attention and MLP
+    written out); the model's own forward gives the same (tests/test_gemma.py)."""
+    hidden = embed_inputs(config, load, input_ids)
+    tables, states = rotary_tables(config, hidden), []
+    kv = config.num_key_value_heads
+    for i in range(config.num_hidden_layers):
+        layer = _load_layer(config, load, i)
+        attn = _Attention(layer, list(range(kv)), kv)
+        hidden = _mlp(layer, add_attention(layer, hidden, attn(hidden, *tables[i])))
+        states.append(hidden)
+    return states
 
 
 def _values(attn: _Attention, hidden: torch.Tensor) -> torch.Tensor:
@@ -343,9 +377,7 @@ def _probs_and_mix(attn: _Attention, hidden, cos, sin):
     v = F.linear(x, attn.layer.self_attn.v_proj.weight, attn.layer.self_attn.v_proj.bias)
     v = v.view(b, t, -1, attn.d).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    scores = q @ repeat_kv(k, attn.group).transpose(2, 3) * attn.scaling
-    causal = torch.ones(t, t, dtype=torch.bool, device=hidden.device).triu(1)
-    probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+    probs = attention_probs(attn.layer.self_attn, q, k)
     return probs, probs @ repeat_kv(v, attn.group)
 
 

@@ -24,13 +24,18 @@ def cache_bytes_per_token(cache) -> tuple[float, int]:
     """Bytes per cached token summed over layers, and the tokens cached (per sequence).
 
     Each layer is divided by its own token count, so a layer that caches fewer positions
-    (a sliding window) still counts what it holds per token.
+    (a sliding window) still counts what it holds per token; a sliding layer 0's full-length
+    store of its borrowed value heads (`borrowed_values`) counts per token it holds.
     """
     total, tokens = 0.0, 0
     for layer in cache.layers:
         batch, _, seq, _ = layer.keys.shape
         total += (layer.keys.nbytes + layer.values.nbytes) / (batch * seq)
         tokens = max(tokens, seq)
+        store = getattr(layer, "borrowed_values", None)
+        if store is not None and store.numel():
+            total += store.nbytes / (store.shape[0] * store.shape[2])
+            tokens = max(tokens, store.shape[2])
     return total, tokens
 
 

@@ -2,6 +2,8 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
+from .configuration_skipv1_gemma2 import SkipV1Gemma2Config
+from .configuration_skipv1_gemma3_text import SkipV1Gemma3TextConfig
 from .configuration_skipv1_gpt2 import SkipV1GPT2Config
 from .configuration_skipv1_gpt_neox import SkipV1GPTNeoXConfig
 from .configuration_skipv1_llama import SkipV1LlamaConfig
@@ -10,6 +12,8 @@ from .configuration_skipv1_olmo2 import SkipV1Olmo2Config
 from .configuration_skipv1_phi3 import SkipV1Phi3Config
 from .configuration_skipv1_qwen3 import SkipV1Qwen3Config
 from .configuration_skipv1_qwen3_moe import SkipV1Qwen3MoeConfig
+from .modeling_skipv1_gemma2 import SkipV1Gemma2ForCausalLM, SkipV1Gemma2Model
+from .modeling_skipv1_gemma3_text import SkipV1Gemma3TextForCausalLM, SkipV1Gemma3TextModel
 from .modeling_skipv1_gpt2 import SkipV1GPT2ForCausalLM, SkipV1GPT2Model
 from .modeling_skipv1_gpt_neox import SkipV1GPTNeoXForCausalLM, SkipV1GPTNeoXModel
 from .modeling_skipv1_llama import SkipV1LlamaForCausalLM, SkipV1LlamaModel
@@ -24,6 +28,8 @@ from .modeling_skipv1_qwen3_moe import SkipV1Qwen3MoeForCausalLM, SkipV1Qwen3Moe
 FAMILY_CLASSES = {
     SkipV1LlamaConfig.model_type: (SkipV1LlamaConfig, SkipV1LlamaForCausalLM),
     SkipV1Qwen3Config.model_type: (SkipV1Qwen3Config, SkipV1Qwen3ForCausalLM),
+    SkipV1Gemma2Config.model_type: (SkipV1Gemma2Config, SkipV1Gemma2ForCausalLM),
+    SkipV1Gemma3TextConfig.model_type: (SkipV1Gemma3TextConfig, SkipV1Gemma3TextForCausalLM),
     SkipV1Phi3Config.model_type: (SkipV1Phi3Config, SkipV1Phi3ForCausalLM),
     SkipV1GPTNeoXConfig.model_type: (SkipV1GPTNeoXConfig, SkipV1GPTNeoXForCausalLM),
     SkipV1GPT2Config.model_type: (SkipV1GPT2Config, SkipV1GPT2ForCausalLM),
@@ -37,6 +43,12 @@ for _config, _causal_lm in FAMILY_CLASSES.values():
     AutoModelForCausalLM.register(_config, _causal_lm, exist_ok=True)
 
 __all__ = [
+    "SkipV1Gemma2Config",
+    "SkipV1Gemma2ForCausalLM",
+    "SkipV1Gemma2Model",
+    "SkipV1Gemma3TextConfig",
+    "SkipV1Gemma3TextForCausalLM",
+    "SkipV1Gemma3TextModel",
     "SkipV1GPT2Config",
     "SkipV1GPT2ForCausalLM",
     "SkipV1GPT2Model",

@@ -1,10 +1,10 @@
 """KV-cache arithmetic of the source (MHA/GQA) and SkipV1 layouts, from config fields alone."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..families import family_of
+from ..families import LLAMA, family_of
 
 
 @dataclass(frozen=True)
@@ -13,14 +13,39 @@ class KVLayout:
     num_kv_heads: int
     head_dim: int
     skip_v_heads: int = 0
+    # Layer 0 attends through a sliding window and a later layer attends globally (Gemma): with
+    # s > 0, layer 0's cache also keeps its s borrowed value heads for the full context.
+    windowed_first_layer: bool = False
 
     def bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """dtype_bytes * head_dim * (2*n_kv + (L-1)*(2*n_kv - s)): layer 0 keeps every value head."""
+        """dtype_bytes * head_dim * (2*n_kv + (L-1)*(2*n_kv - s) [+ s]): layer 0 keeps every value
+        head, and `+ s` is its full-length store of the borrowed heads when it is a sliding-window
+        layer. A sliding-window layer counts what it holds per token it holds (as eval measures),
+        so this is also its cost per token up to the window."""
         n_kv, s, layers = self.num_kv_heads, self.skip_v_heads, self.num_layers
-        return dtype_bytes * self.head_dim * (2 * n_kv + (layers - 1) * (2 * n_kv - s))
+        store = s if self.windowed_first_layer else 0
+        return dtype_bytes * self.head_dim * (2 * n_kv + (layers - 1) * (2 * n_kv - s) + store)
 
     def with_skip(self, skip_v_heads: int) -> "KVLayout":
-        return KVLayout(self.num_layers, self.num_kv_heads, self.head_dim, skip_v_heads)
+        return replace(self, skip_v_heads=skip_v_heads)
+
+
+# model_type -> layer_types a config.json without them gets from transformers (Gemma 2: sliding
+# and global layers alternate; Gemma 3: a global layer every `sliding_window_pattern`, default 6).
+def _default_layer_types(config: dict) -> list[str]:
+    family = family_of(config)
+    if family is None or not family.keeps_sliding_window:
+        return []
+    period = 2 if family.name == "gemma2" else config.get("sliding_window_pattern", 6)
+    layers = config.get("num_hidden_layers") or 0
+    return ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(layers)]
+
+
+def layer_types(config: Any) -> list[str]:
+    """Attention type of each layer ([] when every layer attends over the full context)."""
+    if isinstance(config, dict):
+        return list(config.get("layer_types") or _default_layer_types(config))
+    return list(getattr(config, "layer_types", None) or [])
 
 
 def kv_layout(config: Any) -> KVLayout:
@@ -29,7 +54,15 @@ def kv_layout(config: Any) -> KVLayout:
     heads = get("num_attention_heads")
     n_kv = get("num_key_value_heads") or heads
     head_dim = get("head_dim") or get("hidden_size") // heads
-    return KVLayout(get("num_hidden_layers"), n_kv, head_dim, get("skip_v_heads", 0) or 0)
+    types = layer_types(config)
+    family = family_of({"model_type": get("model_type"), "architectures": get("architectures")})
+    windowed = bool(
+        family
+        and family.keeps_sliding_window
+        and types[:1] == ["sliding_attention"]
+        and "full_attention" in types[1:]
+    )
+    return KVLayout(get("num_hidden_layers"), n_kv, head_dim, get("skip_v_heads", 0) or 0, windowed)
 
 
 def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:
@@ -62,7 +95,8 @@ def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:
     qk_norms = 2 * d
     if family and family.qk_norm_scope == "projection":  # OLMo-2: over every head
         qk_norms = (heads + n_kv) * d
-    per_layer_norms = 2 * hidden + (qk_norms if family and family.qk_norm else 0)
+    per_layer_norms = len((family or LLAMA).norms.names()) * hidden
+    per_layer_norms += qk_norms if family and family.qk_norm else 0
     total = attention(n_kv) + (layers - 1) * attention(n_kv - s)
     total += layers * (mlp + per_layer_norms) + hidden + vocab * hidden
     if family and family.experts:  # sparse layers: a router and the experts, not the MLP
@@ -70,9 +104,16 @@ def count_parameters(config: dict, skip_v_heads: int | None = None) -> int:
         count, expert_inter = experts.count(config), config[experts.intermediate_field]
         sparse = sum(experts.is_sparse(config, i) for i in range(layers))
         total += sparse * (count * (3 * hidden * expert_inter + hidden) - mlp)
-    if not config.get("tie_word_embeddings", False):
+    if not tied_embeddings(config):
         total += vocab * hidden
     return total
+
+
+def tied_embeddings(config: dict) -> bool:
+    """Whether lm_head is the embedding matrix; a config.json without the field gets its family's
+    transformers default (GPT-2, Gemma: tied)."""
+    family = family_of(config)
+    return bool(config.get("tie_word_embeddings", bool(family and family.tied_by_default)))
 
 
 def _count_from_plan(config: dict, skip_v_heads: int) -> int:

@@ -20,7 +20,13 @@ from collections.abc import Callable
 import torch
 from safetensors import safe_open
 from torch import nn
-from transformers.cache_utils import Cache, StaticLayer
+from transformers.cache_utils import (
+    Cache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    StaticLayer,
+    StaticSlidingWindowLayer,
+)
 from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES, TensorParallelLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -49,6 +55,9 @@ class SkipV1ConfigMixin:
     o_proj_bias (`bool`, *optional*): bias on the output projection; defaults to `attention_bias`.
     """
 
+    # Families whose sliding-window layers SkipV1 keeps (Gemma); the others attend over the full
+    # context only.
+    supports_sliding_window = False
     # the dimension of the `value_projection` tensor that holds the rows (1 for a Conv1D)
     value_projection_dim = 0
 
@@ -70,11 +79,25 @@ class SkipV1ConfigMixin:
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={n_kv}."
             )
-        if "sliding_attention" in (getattr(self, "layer_types", None) or []):
+        if not self.supports_sliding_window and self.has_sliding_layers():
             raise ValueError(
                 "layer_types has sliding_attention layers: SkipV1 attends over the full context "
                 "only (set use_sliding_window=false)."
             )
+
+    def has_sliding_layers(self) -> bool:
+        return "sliding_attention" in (getattr(self, "layer_types", None) or [])
+
+    def keeps_borrowed_values(self) -> bool:
+        """Whether layer 0's cache also keeps its borrowed value heads for the whole context:
+        layer 0 attends through a sliding window (its own cache holds only the window) and a later
+        full-attention layer borrows from it at every position."""
+        types = list(getattr(self, "layer_types", None) or [])
+        return (
+            bool(self.skip_v_heads)
+            and types[:1] == ["sliding_attention"]
+            and ("full_attention" in types[1:])
+        )
 
     def own_value_heads(self, layer_idx: int) -> int:
         """Value heads a layer computes itself: all of them in layer 0, n_kv - s afterwards."""
@@ -90,10 +113,80 @@ class SkipV1ConfigMixin:
 class FirstLayerValues:
     """Carries layer 0's value states (all KV heads, cached positions included) to later layers."""
 
-    __slots__ = ("value",)
+    __slots__ = ("value", "full")
 
     def __init__(self) -> None:
         self.value: torch.Tensor | None = None
+        # layer 0's borrowed heads at every cached position, when its own cache keeps only a
+        # sliding window (SkipV1SlidingWindowLayer); later full-attention layers read these
+        self.full: torch.Tensor | None = None
+
+
+class SkipV1SlidingWindowLayer(DynamicSlidingWindowLayer):
+    """Layer 0's dynamic cache when it attends through a sliding window and later full-attention
+    layers borrow from it: its keys and values for the window, as transformers keeps them, plus
+    the borrowed value heads (the last s) of every position in `borrowed_values`
+    [batch, s, seq, head_dim]. That store is the price of borrowing from a sliding layer: s value
+    heads per token, counted in the KV formula (layout.KVLayout)."""
+
+    def __init__(self, sliding_window: int, borrowed_from: int):
+        super().__init__(sliding_window=sliding_window)
+        self.borrowed_from = borrowed_from  # first borrowed head in the (rank's) value tensor
+        self.borrowed_values: torch.Tensor | None = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        new = value_states[:, self.borrowed_from :]
+        old = self.borrowed_values
+        self.borrowed_values = new if old is None else torch.cat([old, new], dim=-2)
+        return super().update(key_states, value_states, *args, **kwargs)
+
+    def reset(self) -> None:
+        super().reset()
+        self.borrowed_values = None
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)  # refuses what the window cannot undo
+        if self.borrowed_values is not None:
+            self.borrowed_values = self.borrowed_values[..., : self.cumulative_length, :]
+
+    def _each_store(self, fn) -> None:
+        if self.borrowed_values is not None and self.borrowed_values.numel():
+            self.borrowed_values = fn(self.borrowed_values)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self._each_store(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self._each_store(lambda t: t[indices, ...])
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self._each_store(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+
+def first_layer_cache(cache: Cache, borrowed_from: int) -> "SkipV1SlidingWindowLayer | None":
+    """Layer 0's cache layer, swapped for a SkipV1SlidingWindowLayer while it holds no token;
+    None where layer 0's cache keeps every position anyway (a cache made without the config)."""
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        return None  # layers are created on the first update, as full DynamicLayers
+    layer = layers[0]
+    if isinstance(layer, SkipV1SlidingWindowLayer):
+        return layer
+    if type(layer) is DynamicSlidingWindowLayer and not layer.is_initialized:
+        layers[0] = SkipV1SlidingWindowLayer(layer.sliding_window, borrowed_from)
+        if getattr(layer, "record_past", False):  # assisted decoding rolls the cache back
+            layers[0].activate_past_recording()
+        return layers[0]
+    if type(layer) in (DynamicLayer, StaticLayer):
+        return None
+    raise ValueError(
+        f"SkipV1: layer 0 attends through a sliding window and later full-attention layers borrow "
+        f"its values at every position, which a {type(layer).__name__} does not keep: use the "
+        "dynamic cache (generate(..., cache_implementation='dynamic') or DynamicCache(config=...))."
+    )
 
 
 class SkipV1StaticLayer(StaticLayer):
@@ -124,6 +217,11 @@ def use_skipv1_static_layers(cache: Cache, config) -> None:
         # cache buffers its wrapper registered
         return
     layers = getattr(cache, "layers", [])
+    if config.skip_v_heads and any(isinstance(lay, StaticSlidingWindowLayer) for lay in layers):
+        raise ValueError(
+            "SkipV1 with sliding-window layers does not support a static cache yet: use the "
+            "dynamic cache (generate(..., cache_implementation='dynamic'))."
+        )
     for i, layer in enumerate(layers):
         own = config.own_value_heads(i)
         if type(layer) is not StaticLayer or own == config.num_key_value_heads:
@@ -170,6 +268,8 @@ class SkipV1AttentionMixin:
     family changes how queries, keys and values are projected in `project` (Qwen3's q/k norms)."""
 
     tp_rank, tp_size = 0, 1  # set by TPValueHeads under tensor parallelism
+    # the family's eager attention (Gemma 2's applies its logit soft-capping)
+    eager_attention = staticmethod(eager_attention_forward)
 
     def __init__(self, config, layer_idx: int):
         super().__init__(config, layer_idx=layer_idx)  # by name: GPT-2's second is another
@@ -210,6 +310,10 @@ class SkipV1AttentionMixin:
             self.v_proj(hidden_states).view(hidden_shape),
         )
 
+    def attention_kwargs(self) -> dict:
+        """Extra keyword arguments of the family's attention call (Gemma: sliding_window, softcap)."""
+        return {}
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -228,6 +332,9 @@ class SkipV1AttentionMixin:
         query_states, key_states = self.rotate(query_states, key_states, position_embeddings)
         value_states, own = self.rank_value_heads(value_states, key_states.shape[1])
 
+        store = None
+        if cache is not None and self.layer_idx == 0 and self.config.keeps_borrowed_values():
+            store = first_layer_cache(cache, self.borrowed_from(key_states.shape[1]))
         if cache is not None:
             extra = unused_value_heads(cache, self.layer_idx, own)
             if extra:  # write zeros there: the new tokens only, never the cached ones
@@ -244,7 +351,7 @@ class SkipV1AttentionMixin:
                 f"{type(self).__name__} needs `first_layer_values` from the SkipV1 model."
             )
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
+            self.config._attn_implementation, self.eager_attention
         )
         attend = functools.partial(
             attention_interface,
@@ -252,14 +359,16 @@ class SkipV1AttentionMixin:
             attention_mask=attention_mask,
             dropout=0.0 if not self.training else self.attention_dropout,
             scaling=self.scaling,
+            **self.attention_kwargs(),
             **kwargs,
         )
         if self.layer_idx == 0:
             first_layer_values.value = value_states
+            first_layer_values.full = None if store is None else store.borrowed_values
         if self.layer_idx == 0 or own == key_states.shape[1]:
             attn_output, attn_weights = attend(query_states, key_states, value_states)
         else:
-            borrowed = first_layer_values.value[:, own:]
+            borrowed = self.borrowed_values(first_layer_values, own, key_states.shape[2])
             if self.value_blend is not None:
                 borrowed = self.value_blend(hidden_states, borrowed)
             # Two attention calls over head slices instead of one over torch.cat([own, borrowed]):
@@ -273,6 +382,24 @@ class SkipV1AttentionMixin:
             attn_weights = None if weights[0] is None else torch.cat(weights, dim=1)
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         return self.output(attn_output), attn_weights
+
+    def borrowed_values(self, first: FirstLayerValues, own: int, kv_length: int) -> torch.Tensor:
+        """Layer 0's borrowed heads at the positions of this layer's keys. Without a cache, and
+        for a layer whose cache is of layer 0's kind, that is layer 0's value tensor as its cache
+        returned it; a full-attention layer borrowing from a sliding layer 0 reads layer 0's
+        full-length store; a sliding layer borrowing from a full one takes the last positions."""
+        if first.full is not None and getattr(self, "sliding_window", None) is None:
+            return first.full
+        borrowed = first.value[:, own:]
+        if borrowed.shape[-2] != kv_length:
+            borrowed = borrowed[..., -kv_length:, :]
+        return borrowed
+
+    def borrowed_from(self, local_kv_heads: int) -> int:
+        """Index of the first borrowed head in layer 0's (rank's) value tensor."""
+        start = self.tp_rank * local_kv_heads
+        shared = self.config.num_key_value_heads - self.config.skip_v_heads
+        return max(0, min(start + local_kv_heads, shared) - start)
 
     def rank_value_heads(self, values: torch.Tensor, local_kv_heads: int):
         """(own value states, their count) for this rank's key heads: all of them without
@@ -319,6 +446,16 @@ class SkipV1PreTrainedMixin:
         cache = super()._prepare_static_cache(*args, **kwargs)
         use_skipv1_static_layers(cache, self.config)
         return cache
+
+    def init_continuous_batching(self, *args, **kwargs):
+        # transformers' sliding-window page allocator sizes every layer's value pages for n_kv
+        # heads and keeps only the window of layer 0, which later global layers borrow from
+        if self.config.skip_v_heads and self.config.has_sliding_layers():
+            raise ValueError(
+                "SkipV1 with sliding-window layers does not support continuous batching "
+                "(generate_batch, paged attention) yet: use generate() with the dynamic cache."
+            )
+        return super().init_continuous_batching(*args, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
