@@ -8,8 +8,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..atomic_dir import (
     DISK_SLACK,
@@ -23,8 +22,7 @@ from ..console import byte_progress, console
 from ..errors import SkipV1Error
 from ..families import family_of
 from ..smollm2 import smollm2_gguf_path
-from ..units import torch_dtype
-from .calibrate import Calibration, calibrate_source, calibration_record
+from .arrays import BFLOAT16, BY_NAME, Array, DType
 from .companions import companion_files, copy_companions, copy_modeling_code
 from .config import ConfigChange, skipv1_config, sliding_window_active
 from .options import ConvertOptions
@@ -48,6 +46,11 @@ from .reader import (
     scan_weights,
 )
 from .writer import TensorSpec, write_shards
+
+if TYPE_CHECKING:
+    import torch
+
+    from .calibrate import Calibration
 
 # Sources named by a built-in name instead of a path (the model the demo and tiny-cpu use).
 BUILTIN_SOURCES = {"builtin:smollm2": smollm2_gguf_path}
@@ -74,7 +77,7 @@ class Prepared:
     weights: SourceWeights
     order: list[str]  # tensors to write, in read order
     dropped: list[str]
-    target_dtype: dict[str, torch.dtype]
+    target_dtype: dict[str, DType]
     layout: list[list[str]]
     out_config: dict
     changes: list[ConfigChange]
@@ -215,7 +218,7 @@ def prepare(root: Path, dst: Path, options: ConvertOptions) -> Prepared:
     plan = make_plan(config, options.skip_heads, options.init)
     weights = scan_weights(root)
     order, dropped = check_tensors(plan, weights)
-    forced = torch_dtype(options.dtype) if options.dtype != "auto" else None
+    forced = BY_NAME[options.dtype] if options.dtype != "auto" else None
     target_dtype = {n: forced or weights.refs[n].dtype for n in order}
     sizes = [(n, _nbytes(plan.tasks[n].target_shape, target_dtype[n])) for n in order]
     layout = shard_layout(sizes, options.max_shard_bytes)
@@ -244,7 +247,7 @@ def prepare(root: Path, dst: Path, options: ConvertOptions) -> Prepared:
     return prepared
 
 
-def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+def _nbytes(shape: tuple[int, ...], dtype: DType) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
@@ -307,11 +310,18 @@ def byte_copied(prepared: Prepared) -> set[str]:
 
 
 def converted_tensors(
-    prepared: Prepared, calibration: Calibration | None = None
-) -> Iterator[tuple[str, "torch.Tensor | FileRange"]]:
+    prepared: Prepared, calibration: "Calibration | None" = None
+) -> Iterator[tuple[str, "torch.Tensor | Array | FileRange"]]:
     plan = prepared.plan
     raw = byte_copied(prepared)
-    for name, tensor in iter_tensors(prepared.weights, set(prepared.order), raw):
+    # Without torch where nothing needs it: a safetensors source and an init that works on numpy
+    # arrays (keep, mean) are read, rewritten and cast as arrays (arrays.py: torch's exact casts).
+    arrays = (
+        prepared.weights.format == "safetensors"
+        and calibration is None
+        and plan.init_method.takes_arrays
+    )
+    for name, tensor in iter_tensors(prepared.weights, set(prepared.order), raw, arrays):
         if name in raw:
             yield name, tensor
             continue
@@ -320,7 +330,7 @@ def converted_tensors(
         elif plan.tasks[name].action == REWRITE_V:
             tensor = plan.init_method.value_rows(tensor, plan.source.num_kv_heads, plan.skip_heads)
         target = prepared.target_dtype[name]
-        yield name, tensor if tensor.dtype == target else tensor.to(target)
+        yield name, tensor.to(target) if isinstance(tensor, Array) else tensor.to(target.torch)
 
 
 def write_output(
@@ -328,6 +338,8 @@ def write_output(
 ) -> dict:
     calibration = None
     if prepared.plan.init_method.calibrated and prepared.plan.skip_heads:
+        from .calibrate import calibrate_source
+
         calibration = calibrate_source(prepared, options, quiet)
     specs = {
         n: TensorSpec(prepared.target_dtype[n], prepared.plan.tasks[n].target_shape)
@@ -348,6 +360,8 @@ def write_output(
     summary = summarize(source, dst, prepared, options, dry_run=False)
     summary["total_size"] = written["total_size"]
     if calibration is not None:
+        from .calibrate import calibration_record
+
         summary["calibration"] = calibration_record(calibration, options)
     hashes = {
         "source_config_sha256": sha256_of(prepared.root / "config.json"),
@@ -368,7 +382,7 @@ def summarize(
 ) -> dict:
     plan, source_model = prepared.plan, prepared.plan.source
     v0 = "model.layers.0.self_attn.v_proj.weight"
-    kv_dtype = prepared.target_dtype.get(v0, torch.bfloat16)
+    kv_dtype = prepared.target_dtype.get(v0, BFLOAT16)
     before = source_model.kv.bytes_per_token(kv_dtype.itemsize)
     after = plan.kv_after.bytes_per_token(kv_dtype.itemsize)
     params_before = sum(math.prod(plan.tasks[n].source_shape) for n in prepared.order)
@@ -413,7 +427,7 @@ def summarize(
         ],
         "parameters": {"source": params_before, "skipv1": params_after},
         "kv_bytes_per_token": {
-            "dtype": str(kv_dtype).removeprefix("torch."),
+            "dtype": kv_dtype.name,
             "source": before,
             "skipv1": after,
             "saving": 1 - after / before,
