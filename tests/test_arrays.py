@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from skipv1.convert import arrays
 from skipv1.convert.arrays import BY_NAME, Array, dtype_named
 from skipv1.convert.inits.mean import init_mean
 
@@ -45,7 +46,8 @@ def same_bits(array: Array, tensor: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("source", DTYPES)
 @pytest.mark.parametrize("target", DTYPES)
-def test_casts_equal_torchs_bit_for_bit(source, target):
+def test_casts_equal_torchs_bit_for_bit(source, target, monkeypatch):
+    monkeypatch.setattr(arrays, "CAST_BLOCK", 1000)  # several blocks, the last one partial
     tensor = random_tensor(source)
     array = Array.from_torch(tensor)
     assert same_bits(array, tensor)

@@ -38,6 +38,7 @@ BFLOAT16 = DType("bfloat16", "BF16", 2, "<u2")
 DTYPES = (FLOAT64, FLOAT32, FLOAT16, BFLOAT16)
 BY_CODE = {d.code: d for d in DTYPES}
 BY_NAME = {d.name: d for d in DTYPES}
+CAST_BLOCK = 1 << 22  # elements per step of a cast
 
 
 def dtype_named(name: str) -> DType:
@@ -83,12 +84,18 @@ class Array:
         return cls(dtype, values.astype(dtype.storage, copy=False))
 
     def to(self, dtype: DType) -> "Array":
-        """This tensor cast to `dtype`, as torch casts it (through float32, as torch does)."""
+        """This tensor cast to `dtype`, as torch casts it (through float32, as torch does), a
+        block at a time: the temporaries stay small next to the tensor (an embedding)."""
         if dtype == self.dtype:
             return self
-        if dtype is FLOAT64:
-            return Array(dtype, self.float32().astype(np.float64))
-        return Array.from_float32(self.float32(), dtype)
+        source, out = self.data.reshape(-1), np.empty(self.data.size, dtype.storage)
+        for start in range(0, source.size, CAST_BLOCK):
+            values = Array(self.dtype, source[start : start + CAST_BLOCK]).float32()
+            if dtype is FLOAT64:
+                out[start : start + CAST_BLOCK] = values
+            else:
+                out[start : start + CAST_BLOCK] = Array.from_float32(values, dtype).data
+        return Array(dtype, out.reshape(self.shape))
 
     def rows(self, stop: int) -> "Array":
         """The first `stop` rows (a view)."""
