@@ -40,6 +40,7 @@ def register() -> None:
         if _registered:
             return
         _registered = True  # first: the imports below come back through the finder
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AutoClassesFinder)]
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
         from .modeling import family_classes
@@ -74,8 +75,6 @@ def _register_when_ready() -> None:
         warnings.warn(
             f"skipv1 could not register its classes with transformers: {err!r}", stacklevel=2
         )
-    finally:
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AutoClassesFinder)]
 
 
 class _AutoClassesFinder(importlib.abc.MetaPathFinder):
