@@ -16,6 +16,7 @@ from test_convert import hand_built_skipv1, logits
 from transformers import AutoModelForCausalLM
 
 from skipv1.convert import writer
+from skipv1.convert.arrays import dtype_named
 from skipv1.convert.reader import FileRange
 
 
@@ -72,7 +73,7 @@ def test_a_shard_of_mixed_dtypes_is_byte_identical_to_save_file(tmp_path):
         "e": torch.zeros(0, 3),
     }
     save_file(tensors, tmp_path / "reference.safetensors", metadata={"format": "pt"})
-    specs = {n: writer.TensorSpec(t.dtype, tuple(t.shape)) for n, t in tensors.items()}
+    specs = {n: writer.TensorSpec(dtype_named(t.dtype), tuple(t.shape)) for n, t in tensors.items()}
     (tmp_path / "out").mkdir()
     written = writer.write_shards(tmp_path / "out", [list(tensors)], specs, tensors.items())
     assert written["total_size"] == sum(t.numel() * t.element_size() for t in tensors.values())

@@ -8,8 +8,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..atomic_dir import (
     DISK_SLACK,
@@ -23,8 +22,7 @@ from ..console import byte_progress, console
 from ..errors import SkipV1Error
 from ..families import family_of
 from ..smollm2 import smollm2_gguf_path
-from ..units import torch_dtype
-from .calibrate import Calibration, calibrate_source, calibration_record
+from .arrays import BFLOAT16, BY_NAME, Array, DType
 from .companions import companion_files, copy_companions, copy_modeling_code
 from .config import ConfigChange, skipv1_config, sliding_window_active
 from .fused import has_bare_names
@@ -49,6 +47,11 @@ from .reader import (
     scan_weights,
 )
 from .writer import TensorSpec, write_shards
+
+if TYPE_CHECKING:
+    import torch
+
+    from .calibrate import Calibration
 
 # Sources named by a built-in name instead of a path (the model the demo and tiny-cpu use).
 BUILTIN_SOURCES = {"builtin:smollm2": smollm2_gguf_path}
@@ -75,7 +78,7 @@ class Prepared:
     weights: SourceWeights
     order: list[str]  # tensors to write, in read order
     dropped: list[str]
-    target_dtype: dict[str, torch.dtype]
+    target_dtype: dict[str, DType]
     layout: list[list[str]]
     out_config: dict
     changes: list[ConfigChange]
@@ -218,7 +221,7 @@ def prepare(root: Path, dst: Path, options: ConvertOptions) -> Prepared:
     if has_bare_names(plan.source.family, weights.refs):
         plan = make_plan(config, options.skip_heads, options.init, bare_names=True)
     order, dropped = check_tensors(plan, weights)
-    forced = torch_dtype(options.dtype) if options.dtype != "auto" else None
+    forced = BY_NAME[options.dtype] if options.dtype != "auto" else None
     target_dtype = {n: forced or weights.refs[n].dtype for n in order}
     sizes = [(n, _nbytes(plan.tasks[n].target_shape, target_dtype[n])) for n in order]
     layout = shard_layout(sizes, options.max_shard_bytes)
@@ -247,7 +250,7 @@ def prepare(root: Path, dst: Path, options: ConvertOptions) -> Prepared:
     return prepared
 
 
-def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+def _nbytes(shape: tuple[int, ...], dtype: DType) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
@@ -310,11 +313,20 @@ def byte_copied(prepared: Prepared) -> set[str]:
 
 
 def converted_tensors(
-    prepared: Prepared, calibration: Calibration | None = None
-) -> Iterator[tuple[str, "torch.Tensor | FileRange"]]:
+    prepared: Prepared, calibration: "Calibration | None" = None
+) -> Iterator[tuple[str, "torch.Tensor | Array | FileRange"]]:
     plan = prepared.plan
     raw = byte_copied(prepared)
-    for name, tensor in iter_tensors(prepared.weights, set(prepared.order), raw):
+    # Without torch where nothing needs it: a safetensors source and an init that works on numpy
+    # arrays (keep, mean) are read, rewritten and cast as arrays (arrays.py: torch's exact casts).
+    # A fused q/k/v tensor is cut and rejoined with torch (convert/fused.py).
+    arrays = (
+        prepared.weights.format == "safetensors"
+        and calibration is None
+        and plan.init_method.takes_arrays
+        and plan.source.qkv_layout is None
+    )
+    for name, tensor in iter_tensors(prepared.weights, set(prepared.order), raw, arrays):
         if name in raw:
             yield name, tensor
             continue
@@ -323,7 +335,7 @@ def converted_tensors(
         elif plan.tasks[name].action == REWRITE_V:
             tensor = plan.rewrite_values(name, tensor)
         target = prepared.target_dtype[name]
-        yield name, tensor if tensor.dtype == target else tensor.to(target)
+        yield name, tensor.to(target) if isinstance(tensor, Array) else tensor.to(target.torch)
 
 
 def write_output(
@@ -331,6 +343,8 @@ def write_output(
 ) -> dict:
     calibration = None
     if prepared.plan.init_method.calibrated and prepared.plan.skip_heads:
+        from .calibrate import calibrate_source
+
         calibration = calibrate_source(prepared, options, quiet)
     specs = {
         n: TensorSpec(prepared.target_dtype[n], prepared.plan.tasks[n].target_shape)
@@ -351,6 +365,8 @@ def write_output(
     summary = summarize(source, dst, prepared, options, dry_run=False)
     summary["total_size"] = written["total_size"]
     if calibration is not None:
+        from .calibrate import calibration_record
+
         summary["calibration"] = calibration_record(calibration, options)
     hashes = {
         "source_config_sha256": sha256_of(prepared.root / "config.json"),
@@ -371,7 +387,7 @@ def summarize(
 ) -> dict:
     plan, source_model = prepared.plan, prepared.plan.source
     v0 = source_model.value_tensor(0)
-    kv_dtype = prepared.target_dtype.get(v0, torch.bfloat16)
+    kv_dtype = prepared.target_dtype.get(v0, BFLOAT16)
     before = source_model.kv.bytes_per_token(kv_dtype.itemsize)
     after = plan.kv_after.bytes_per_token(kv_dtype.itemsize)
     params_before = sum(math.prod(plan.tasks[n].source_shape) for n in prepared.order)
@@ -418,7 +434,7 @@ def summarize(
         ],
         "parameters": {"source": params_before, "skipv1": params_after},
         "kv_bytes_per_token": {
-            "dtype": str(kv_dtype).removeprefix("torch."),
+            "dtype": kv_dtype.name,
             "source": before,
             "skipv1": after,
             "saving": 1 - after / before,

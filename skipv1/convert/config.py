@@ -1,9 +1,8 @@
 """The converted config.json, derived from the source config (pure): every source field, plus the
 SkipV1 fields, with each dropped or changed field recorded and explained."""
 
+import importlib.metadata
 from dataclasses import dataclass
-
-import transformers
 
 from ..checkpoint_info import SOURCE_ARCHITECTURES
 from . import fused
@@ -84,7 +83,11 @@ def skipv1_config(
     if dtype is not None:
         put("dtype", dtype, "--dtype")
         drop("torch_dtype", "superseded by dtype")
-    put("transformers_version", transformers.__version__, "written by this transformers")
+    put(
+        "transformers_version",
+        importlib.metadata.version("transformers"),
+        "written by this transformers",
+    )
     return out, changes
 
 

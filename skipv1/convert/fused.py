@@ -8,9 +8,13 @@ Phi-3 is a Llama with fused projections, so the calibrated inits run it as one: 
 its tensors unfused (q/k/v_proj, gate/up_proj) to the calibration pass and fuses what it returns.
 """
 
-from dataclasses import dataclass
+from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch only where a fused tensor is cut: plans stay torch-free
+    import torch
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,8 @@ class Phi3Layout:
         return tensor.split([h.heads * h.d, h.kv * h.d, h.kv * h.d], dim=0)
 
     def join(self, q, k, v, h: Heads) -> torch.Tensor:
+        import torch
+
         return torch.cat([q, k, v], dim=0).contiguous()
 
     def fused_rows(self, h: Heads, own: int) -> int:
@@ -81,6 +87,8 @@ class GPTNeoXLayout:
         return tuple(heads[:, n].reshape(-1, *rest) for n in range(3))
 
     def join(self, q, k, v, h: Heads) -> torch.Tensor:
+        import torch
+
         own, rest = v.shape[0] // h.d, q.shape[1:]
         q, k = q.reshape(h.heads, h.d, *rest), k.reshape(h.heads, h.d, *rest)
         full = torch.stack([q[:own], k[:own], v.reshape(own, h.d, *rest)], dim=1)
@@ -138,6 +146,8 @@ class GPT2Layout(Phi3Layout):
         return super().split(rows, h)
 
     def join(self, q, k, v, h: Heads) -> torch.Tensor:
+        import torch
+
         rows = torch.cat([q, k, v], dim=0)
         return (rows.T if rows.dim() == 2 else rows).contiguous()
 
@@ -322,6 +332,8 @@ class FusedResult:
         return getattr(self.inner, name)
 
     def transform(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        import torch
+
         parts = self.view.parts(name)
         if len(parts) == 1:
             return self.inner.transform(name, tensor)

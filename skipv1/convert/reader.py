@@ -16,20 +16,19 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import SkipV1Error
+from .arrays import BY_CODE, Array, DType, dtype_named
+
+if TYPE_CHECKING:
+    import torch
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-}
+SAFETENSORS_DTYPES = BY_CODE  # the float dtypes a source may hold, by safetensors' code
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -38,7 +37,7 @@ class TensorRef:
     name: str
     file: str
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: DType
     offset: int | None = None  # where its bytes start in a safetensors file; None in a .bin
 
     @property
@@ -158,7 +157,7 @@ def _read_index(path: Path) -> dict[str, str]:
 
 def _safetensors_refs(path: Path) -> list[TensorRef]:
     try:
-        with safe_open(path, framework="pt") as f:
+        with safe_open(path, framework="numpy") as f:  # headers only: no torch needed
             names = f.offset_keys()
             slices = {n: f.get_slice(n) for n in names}
             meta = {n: (tuple(s.get_shape()), s.get_dtype()) for n, s in slices.items()}
@@ -215,6 +214,8 @@ def _declared_size(path: Path) -> int | None:
 
 def _load_bin(path: Path) -> dict:
     """A .bin shard memory-mapped, never executing pickled code (weights_only)."""
+    import torch
+
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
@@ -229,6 +230,8 @@ def _load_bin(path: Path) -> dict:
 
 
 def _bin_refs(path: Path) -> list[TensorRef]:
+    import torch
+
     state = _load_bin(path)
     refs = []
     for name, tensor in state.items():
@@ -236,7 +239,14 @@ def _bin_refs(path: Path) -> list[TensorRef]:
             raise SkipV1Error(
                 f"{path.name}: entry {name} is not a float tensor; only float checkpoints convert"
             )
-        refs.append(TensorRef(name, path.name, tuple(tensor.shape), tensor.dtype))
+        try:
+            dtype = dtype_named(tensor.dtype)
+        except KeyError:
+            raise SkipV1Error(
+                f"{path.name}: tensor {name} has dtype {tensor.dtype}; only "
+                f"{', '.join(d.name for d in BY_CODE.values())} checkpoints convert"
+            ) from None
+        refs.append(TensorRef(name, path.name, tuple(tensor.shape), dtype))
     return refs
 
 
@@ -244,17 +254,18 @@ def _bin_refs(path: Path) -> list[TensorRef]:
 
 
 def iter_tensors(
-    weights: SourceWeights, names: set[str], raw: set[str] = frozenset()
-) -> Iterator[tuple[str, "torch.Tensor | FileRange"]]:
-    """(name, tensor) for the wanted names in read order, one source shard open at a time; for
-    names in `raw` (safetensors sources only), (name, FileRange) instead, without reading."""
+    weights: SourceWeights, names: set[str], raw: set[str] = frozenset(), arrays: bool = False
+) -> Iterator[tuple[str, "torch.Tensor | Array | FileRange"]]:
+    """(name, torch tensor) for the wanted names in read order, one source shard open at a time;
+    for names in `raw` (safetensors sources only), (name, FileRange) instead, without reading;
+    with `arrays` (safetensors sources only), (name, Array), read without torch."""
     for file in weights.files:
         wanted = [r.name for r in weights.refs.values() if r.file == file and r.name in names]
         if not wanted:
             continue
         path = weights.root / file
         if weights.format == "safetensors":
-            yield from _safetensors_tensors(path, [weights.refs[n] for n in wanted], raw)
+            yield from _safetensors_tensors(path, [weights.refs[n] for n in wanted], raw, arrays)
         else:
             state = _load_bin(path)
             for name in wanted:
@@ -262,12 +273,14 @@ def iter_tensors(
             del state
 
 
-def _safetensors_tensors(path: Path, refs: list[TensorRef], raw: set[str]):
-    decode = any(r.name not in raw for r in refs)
+def _safetensors_tensors(path: Path, refs: list[TensorRef], raw: set[str], arrays: bool):
+    decode = not arrays and any(r.name not in raw for r in refs)
     # Memory-mapped when anything is decoded: a tensor is a view of the page cache.
     with safe_open(path, framework="pt") if decode else contextlib.nullcontext() as f:
         for r in refs:
             if r.name in raw:
                 yield r.name, FileRange(path, r.offset, r.nbytes)
+            elif arrays:
+                yield r.name, Array.read(path, r.offset, r.dtype, r.shape)
             else:
                 yield r.name, f.get_tensor(r.name)

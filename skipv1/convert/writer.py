@@ -4,7 +4,8 @@ workspace of skipv1.atomic_dir).
 A planned shard's header is written first, from the plan's dtypes and shapes; each tensor then
 goes straight to its offset as it arrives, so nothing waits in memory. A tensor the plan leaves
 unchanged arrives as the byte range it has in its source file and is copied by the kernel
-(copy_file_range, else sendfile) without ever being decoded."""
+(copy_file_range, else sendfile) without ever being decoded. A rewritten tensor arrives as a
+torch tensor or, from the torch-free path, as an arrays.Array."""
 
 import errno
 import json
@@ -14,14 +15,17 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import save_file
+import numpy as np
 
+from .arrays import Array, DType, dtype_named
 from .plan import shard_file_names
-from .reader import SAFETENSORS_DTYPES, FileRange
+from .reader import FileRange
 
-DTYPE_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+if TYPE_CHECKING:
+    import torch
+
 # safetensors.save_file orders a file's data by dtype, in this order reversed, then by name;
 # following it keeps the shards byte-identical to what save_file wrote before.
 DTYPE_ORDER = ("F16", "BF16", "F32", "F64")
@@ -43,7 +47,7 @@ BUFFER_BYTES = 16 * 2**20
 class TensorSpec:
     """What the plan says an output tensor is."""
 
-    dtype: torch.dtype
+    dtype: DType
     shape: tuple[int, ...]
 
     @property
@@ -54,12 +58,12 @@ class TensorSpec:
 def shard_header(specs: dict[str, TensorSpec]) -> tuple[bytes, dict[str, int]]:
     """(the header bytes of a shard holding these tensors, each tensor's file offset)."""
     rank = {name: i for i, name in enumerate(DTYPE_ORDER)}
-    names = sorted(specs, key=lambda n: (-rank[DTYPE_NAMES[specs[n].dtype]], n))
+    names = sorted(specs, key=lambda n: (-rank[specs[n].dtype.code], n))
     header, offsets, at = {"__metadata__": METADATA}, {}, 0
     for name in names:
         spec = specs[name]
         header[name] = {
-            "dtype": DTYPE_NAMES[spec.dtype],
+            "dtype": spec.dtype.code,
             "shape": list(spec.shape),
             "data_offsets": [at, at + spec.nbytes],
         }
@@ -75,10 +79,10 @@ def write_shards(
     out: Path,
     layout: list[list[str]],
     specs: dict[str, TensorSpec],
-    tensors: Iterable[tuple[str, "torch.Tensor | FileRange"]],
+    tensors: Iterable[tuple[str, "torch.Tensor | Array | FileRange"]],
     on_tensor=None,
 ) -> dict:
-    """Streams (name, tensor or FileRange) pairs, arriving in layout order, into safetensors
+    """Streams (name, tensor, Array or FileRange) pairs, arriving in layout order, into safetensors
     shards whose headers come from `specs`. Writes the index last (when there is more than one
     shard) and returns {"files": [...], "total_size": bytes}."""
     files = shard_file_names(len(layout))
@@ -126,13 +130,15 @@ def _write_tensor(fd: int, at: int, spec: TensorSpec, name: str, data) -> None:
             raise RuntimeError(f"{name}: {data.nbytes} source bytes, the plan says {spec.nbytes}")
         copy_range(data, fd, at)
         return
-    if data.dtype != spec.dtype or tuple(data.shape) != spec.shape:
+    dtype = data.dtype if isinstance(data, Array) else dtype_named(data.dtype)
+    if dtype != spec.dtype or tuple(data.shape) != spec.shape:
         raise RuntimeError(
-            f"{name} came out {data.dtype} {list(data.shape)}; the plan says "
+            f"{name} came out {dtype} {list(data.shape)}; the plan says "
             f"{spec.dtype} {list(spec.shape)}"
         )
     # The tensor's own memory, viewed as bytes: no copy unless it is not contiguous.
-    _pwrite_all(fd, memoryview(data.contiguous().reshape(-1).view(torch.uint8).numpy()), at)
+    array = data.data if isinstance(data, Array) else Array.from_torch(data).data
+    _pwrite_all(fd, memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)), at)
 
 
 def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
@@ -197,7 +203,7 @@ def _buffered(src: int, dst: int, src_at: int, dst_at: int, count: int, done: in
     return done
 
 
-def _unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _unshare(tensors: "dict[str, torch.Tensor]") -> "dict[str, torch.Tensor]":
     """safetensors refuses tensors that share storage (tied weights saved twice in a .bin)."""
     seen, out = set(), {}
     for name, tensor in tensors.items():
@@ -208,13 +214,15 @@ def _unshare(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def write_shards_as_they_fill(
-    out: Path, tensors: Iterable[tuple[str, torch.Tensor]], max_shard_bytes: int
+    out: Path, tensors: "Iterable[tuple[str, torch.Tensor]]", max_shard_bytes: int
 ) -> dict:
     """Like write_shards for a stream whose sizes are not planned ahead (an export gathering
     weights layer by layer): a shard is written when it reaches `max_shard_bytes`, under a
     temporary name, and the shards are named `model-0000i-of-0000N` once N is known."""
+    from safetensors.torch import save_file
+
     parts: list[tuple[Path, list[str]]] = []
-    pending: dict[str, torch.Tensor] = {}
+    pending: dict = {}
     size = total = 0
 
     def flush() -> None:

@@ -9,7 +9,6 @@ import typer
 from ..cli_fields import with_settings_options
 from ..console import cli_command, stdout
 from ..errors import SkipV1Error
-from .api import evaluate_models
 from .report import lm_eval_table, results_table, write_json, write_plot
 from .settings import EvalSettings
 
@@ -42,6 +41,8 @@ def eval_command(
     """Perplexity, measured KV-cache bytes/token and speed of checkpoints, side by side."""
     if plot is not None and plot.suffix.lower() != ".png":
         raise SkipV1Error(f"--plot {plot} must name a .png file")
+    from .api import evaluate_models  # torch and transformers: only when eval runs
+
     result = evaluate_models([str(m) for m in models], settings)
     if json_file is not None and str(json_file) == "-":
         stdout.print_json(json.dumps(result))

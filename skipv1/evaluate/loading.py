@@ -49,7 +49,9 @@ def max_positions(config: dict) -> int:
 def load_model(path: "str | Path", device: torch.device, dtype: torch.dtype) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .. import modeling  # noqa: F401  registers skipv1_llama with the Auto classes
+    from ..auto_classes import register
+
+    register()  # the SkipV1 classes with the Auto classes (done already if transformers was)
 
     check_model_dir(path)
     try:

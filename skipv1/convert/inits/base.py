@@ -21,6 +21,9 @@ class Init:
     # own heads are the source's heads 0..own-1 and nothing else changes: the converted model
     # is the source with the borrowed heads' values swapped (gradual conversion starts there)
     keeps_source_heads: ClassVar[bool] = False
+    # `value_rows` also takes (and returns) an arrays.Array, a tensor as numpy bytes: convert
+    # then reads a safetensors source without torch; otherwise it gets torch tensors
+    takes_arrays: ClassVar[bool] = False
 
     def groups(self, num_kv_heads: int, skip_heads: int) -> tuple[tuple[int, ...], ...]:
         """Source value heads each own head is made from; () when chosen per layer by `fit`."""
