@@ -165,8 +165,37 @@ def make_optimizer(model: torch.nn.Module, recipe: Recipe, device: torch.device,
     if offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
-    return torch.optim.AdamW(groups, fused=device.type == "cuda", **kwargs)
+        return _skippable(DeepSpeedCPUAdam)(groups, adamw_mode=True, **kwargs)
+    return _skippable(torch.optim.AdamW)(groups, fused=device.type == "cuda", **kwargs)
+
+
+def _skippable(optimizer_class: type) -> type:
+    """The optimizer with `skip_next`: while it is set, step() changes nothing (a step whose
+    loss is not finite, see optim.skip_nonfinite). It is the base optimizer under every ZeRO
+    stage, so DeepSpeed still does its bookkeeping (zeroing gradients, copying the unchanged
+    fp32 partitions back) and its step counters stay in line."""
+
+    class Skippable(optimizer_class):
+        skip_next = False
+
+        def step(self, *args, **kwargs):
+            if self.skip_next:
+                return None
+            return super().step(*args, **kwargs)
+
+    Skippable.__name__ = Skippable.__qualname__ = optimizer_class.__name__
+    return Skippable
+
+
+def peer_failure(err: BaseException) -> bool:
+    """A collective that failed because another rank died or stopped answering: torch's
+    distributed errors (NCCL), or gloo's transport errors (reset connection, timeout), which
+    reach Python as plain RuntimeErrors naming gloo's source."""
+    import torch.distributed as dist
+
+    if isinstance(err, dist.DistError):
+        return True
+    return isinstance(err, RuntimeError) and "/gloo/" in str(err)
 
 
 def initialize(model, optimizer, scheduler_fn, config: dict):

@@ -145,6 +145,8 @@ class OptimSection(Section):
     grad_clip: Float = Field(1.0, ge=0)  # 0 turns clipping off
     warmup_fraction: Float = Field(0.1, ge=0, lt=1)
     min_lr_ratio: Float = Field(0.1, ge=0, le=1)  # cosine decays to min_lr_ratio * lr
+    # steps with a non-finite loss skipped (no optimizer update) before the run stops; 0: stop
+    skip_nonfinite: Int = Field(0, ge=0)
 
     @field_validator("betas")
     @classmethod
