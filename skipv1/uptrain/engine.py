@@ -93,11 +93,18 @@ def init_distributed(env: DistEnv, timeout_s: int = 600) -> None:
         if "OMP_NUM_THREADS" not in os.environ:  # an explicit setting is the user's to make
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         check_build_lock()
+    timeout = timedelta(seconds=timeout_s)
+    # DeepSpeed builds its data-parallel group with dist.new_group(ranks) and no timeout, which
+    # takes torch's module default (30 min on gloo) at that call: the training collectives run
+    # on it, so the default must be ours too, or a hung peer is waited on for half an hour.
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = timeout
+    if distributed_c10d.default_pg_nccl_timeout is not None:
+        distributed_c10d.default_pg_nccl_timeout = timeout
     if not dist.is_initialized():
         backend = "nccl" if env.device.type == "cuda" else "gloo"
-        deepspeed.init_distributed(
-            dist_backend=backend, verbose=False, timeout=timedelta(seconds=timeout_s)
-        )
+        deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
 
 
 def deepspeed_config(recipe: Recipe, world_size: int, load_universal: bool = False) -> dict:
