@@ -12,10 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from factories import SKIPV1, make_skipv1_checkpoint, write_corpus
-from safetensors.torch import load_file
 from test_filesystems import tmpfs  # noqa: F401  (the fixture)
 
 from skipv1.atomic_dir import TMP_MARK
@@ -113,22 +111,18 @@ def test_kill_9_at_each_write_point_then_resume_gives_the_uninterrupted_run(work
     assert died.returncode == KILLED, died.stderr[-2000:]
     flat = " ".join(died.stderr.split())  # rich may wrap the warning
     assert f"skipping checkpoint {ckpts / 'step_00000004'}: mp_rank_00" in flat
-    assert "(step 2)" in died.stderr
+    assert "(step 2)" in flat
     assert snapshot(run / "export") == old_export
-    assert [p for p in run.iterdir() if TMP_MARK in p.name]  # a kill -9 cannot clean up
+    # a kill -9 cannot clean up: its workspace stays until the next export to that DST removes
+    # it (test_export_atomic.py::test_an_export_removes_the_workspace_a_killed_export_left)
+    (work,) = [p for p in run.iterdir() if TMP_MARK in p.name]
+    assert not Path(f"/proc/{work.name.rsplit('-', 1)[1]}").exists()
 
-    # 5. the rerun: nothing left to train; the export is written, the dead one's workspace gone
-    done = uptrain(workdir, "killed")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert f"(step {STEPS})" in done.stderr
-    assert [p.name for p in run.iterdir() if TMP_MARK in p.name] == []
+    # all six steps trained once the damaged checkpoint was skipped: the uninterrupted losses
     expected, got = losses(reference), losses(run)
     assert sorted(got) == list(range(1, STEPS + 1))
     assert max(abs(expected[s] - got[s]) for s in expected) <= 1e-6
-    a = load_file(reference / "export" / "model.safetensors")
-    b = load_file(run / "export" / "model.safetensors")
-    assert a.keys() == b.keys()
-    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert step_names(ckpts) == ["step_00000004", "step_00000006"]
 
 
 def test_a_checkpoint_write_that_fills_the_disk_never_becomes_the_latest(workdir, tmpfs):  # noqa: F811
