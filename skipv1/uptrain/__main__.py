@@ -3,7 +3,10 @@
 
 import sys
 
-from ..cli import app
+from .launch import die_with_launcher
 
 if __name__ == "__main__":
+    die_with_launcher()  # first: before the imports, a window where the launcher could die
+    from ..cli import app
+
     app(args=["uptrain", *sys.argv[1:]], prog_name="skipv1")

@@ -12,6 +12,7 @@ size, so rank 0 first converts the checkpoint with DeepSpeed's universal-checkpo
 the resumed run sees the same global batches.
 """
 
+import errno
 import json
 import os
 import pickle
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import faults
 from ..atomic_dir import atomic_workspace, remove_stale_workspaces
 from ..errors import SkipV1Error
 
@@ -142,15 +144,47 @@ def save(engine, ckpt_dir: Path, state: dict, rank: int, keep_last: int) -> Path
         if path.exists():  # an incomplete leftover of a killed run
             shutil.rmtree(path)
     _barrier()
-    engine.save_checkpoint(str(ckpt_dir), tag=tag, save_latest=False)
-    torch.save(rng_state(), path / f"rng_rank{rank}.pt")
-    _barrier()
+    try:
+        engine.save_checkpoint(str(ckpt_dir), tag=tag, save_latest=False)
+        torch.save(rng_state(), path / f"rng_rank{rank}.pt")
+        faults.point("checkpoint-shards")
+        _barrier()
+        if rank == 0:
+            _write_durable(path / STATE_FILE, json.dumps(state, indent=2))
+            faults.point("checkpoint-state")
+            _write_durable(path / COMPLETE, "")
+    except (OSError, RuntimeError) as err:
+        if not _write_failure(err, path):
+            raise  # a collective that failed (another rank died): the trainer names it
+        raise SkipV1Error(_write_failed_message(err, path, ckpt_dir)) from None
+    faults.point("checkpoint-complete")
     if rank == 0:
-        _write_durable(path / STATE_FILE, json.dumps(state, indent=2))
-        _write_durable(path / COMPLETE, "")
         prune(ckpt_dir, keep_last)
     _barrier()
     return path
+
+
+def _write_failure(err: BaseException, path: Path) -> bool:
+    """An error of writing the checkpoint's files (torch.save reports a full disk as a
+    RuntimeError of its zip writer), not of a collective."""
+    from .engine import peer_failure
+
+    return isinstance(err, OSError) or not peer_failure(err)
+
+
+def _write_failed_message(err: BaseException, path: Path, ckpt_dir: Path) -> str:
+    """The `complete` marker was not written, so the previous checkpoint stays the latest."""
+    free = shutil.disk_usage(ckpt_dir).free
+    if getattr(err, "errno", None) == errno.ENOSPC or free < 2**20:
+        cause = f"no space left on the device ({free / 2**20:.1f} MiB free)"
+    else:
+        cause = " ".join(str(err).split())[:200]
+    found = complete_checkpoints(ckpt_dir)
+    latest = f"{found[-1].name} stays the latest" if found else "there is no complete checkpoint"
+    return (
+        f"cannot write checkpoint {path}: {cause}; it is not marked complete, {latest}: free "
+        "some space or set checkpoint.dir elsewhere, then rerun to resume"
+    )
 
 
 def prune(ckpt_dir: Path, keep_last: int) -> None:

@@ -49,7 +49,7 @@ def uptrain(
     try:
         run(loaded)
     except SkipV1Error as err:
-        if report_error(str(err)):
+        if report_error(str(err), every_rank=getattr(err, "every_rank", False)):
             raise typer.Exit(err.exit_code) from None
         raise
 

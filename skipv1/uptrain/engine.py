@@ -93,11 +93,18 @@ def init_distributed(env: DistEnv, timeout_s: int = 600) -> None:
         if "OMP_NUM_THREADS" not in os.environ:  # an explicit setting is the user's to make
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         check_build_lock()
+    timeout = timedelta(seconds=timeout_s)
+    # DeepSpeed builds its data-parallel group with dist.new_group(ranks) and no timeout, which
+    # takes torch's module default (30 min on gloo) at that call: the training collectives run
+    # on it, so the default must be ours too, or a hung peer is waited on for half an hour.
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = timeout
+    if distributed_c10d.default_pg_nccl_timeout is not None:
+        distributed_c10d.default_pg_nccl_timeout = timeout
     if not dist.is_initialized():
         backend = "nccl" if env.device.type == "cuda" else "gloo"
-        deepspeed.init_distributed(
-            dist_backend=backend, verbose=False, timeout=timedelta(seconds=timeout_s)
-        )
+        deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
 
 
 def deepspeed_config(recipe: Recipe, world_size: int, load_universal: bool = False) -> dict:
@@ -165,8 +172,37 @@ def make_optimizer(model: torch.nn.Module, recipe: Recipe, device: torch.device,
     if offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
-    return torch.optim.AdamW(groups, fused=device.type == "cuda", **kwargs)
+        return _skippable(DeepSpeedCPUAdam)(groups, adamw_mode=True, **kwargs)
+    return _skippable(torch.optim.AdamW)(groups, fused=device.type == "cuda", **kwargs)
+
+
+def _skippable(optimizer_class: type) -> type:
+    """The optimizer with `skip_next`: while it is set, step() changes nothing (a step whose
+    loss is not finite, see optim.skip_nonfinite). It is the base optimizer under every ZeRO
+    stage, so DeepSpeed still does its bookkeeping (zeroing gradients, copying the unchanged
+    fp32 partitions back) and its step counters stay in line."""
+
+    class Skippable(optimizer_class):
+        skip_next = False
+
+        def step(self, *args, **kwargs):
+            if self.skip_next:
+                return None
+            return super().step(*args, **kwargs)
+
+    Skippable.__name__ = Skippable.__qualname__ = optimizer_class.__name__
+    return Skippable
+
+
+def peer_failure(err: BaseException) -> bool:
+    """A collective that failed because another rank died or stopped answering: torch's
+    distributed errors (NCCL), or gloo's transport errors (reset connection, timeout), which
+    reach Python as plain RuntimeErrors naming gloo's source."""
+    import torch.distributed as dist
+
+    if isinstance(err, dist.DistError):
+        return True
+    return isinstance(err, RuntimeError) and "/gloo/" in str(err)
 
 
 def parameter_sets(model: torch.nn.Module, split_attention: bool) -> list[list]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .. import faults
 from ..atomic_dir import (
     DISK_SLACK,
     atomic_workspace,
@@ -166,6 +167,7 @@ def write_export(
                     f"(unexpected {name})"
                 )
             seen.add(name)
+            faults.point("export-weight")
             yield name, tensor.to(dtype)
 
     remove_stale_workspaces(dst)

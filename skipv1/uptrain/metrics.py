@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.progress import TextColumn
 
+from .. import faults
 from ..console import console, step_progress
 from ..errors import SkipV1Error
 
@@ -123,7 +124,13 @@ class MetricsLogger:
             )
 
     def _write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
+        line = json.dumps(record) + "\n"
+        faults.point("metrics-line", lambda: self._write_cut(line))
+        self.file.write(line)
+        self.file.flush()
+
+    def _write_cut(self, line: str) -> None:
+        self.file.write(line[: len(line) // 2])
         self.file.flush()
 
     def close(self) -> None:

@@ -148,6 +148,8 @@ class OptimSection(Section):
     # > 0: for this share of the steps only the attention modules train (every other parameter
     # at lr 0), then everything follows the schedule (engine.make_optimizer's groups)
     attention_first_fraction: Float = Field(0.0, ge=0, lt=1)
+    # steps with a non-finite loss skipped (no optimizer update) before the run stops; 0: stop
+    skip_nonfinite: Int = Field(0, ge=0)
 
     @field_validator("betas")
     @classmethod

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .. import faults
 from ..checkpoint_info import check_supported, is_skipv1, read_config
 from ..convert.inits import get_init
 from ..errors import SkipV1Error
@@ -30,6 +31,7 @@ from .engine import (
     initialize,
     make_optimizer,
     offloads_optimizer,
+    peer_failure,
     zero_stage,
 )
 from .export import SHARD_BYTES, iter_live_weights, write_export
@@ -48,6 +50,8 @@ class UptrainRecipe:
         self.ckpt_dir = recipe.checkpoint_dir()
         self.env = dist_env()
         self.start_step = 0
+        self.step = 0  # the step being trained (named when a peer is lost)
+        self.skipped_steps: list[int] = []  # non-finite steps skipped (optim.skip_nonfinite)
         self.last_eval_ppl: float | None = None
         self.gradual: GradualConversion | None = None
 
@@ -86,6 +90,7 @@ class UptrainRecipe:
         self.ds_config = deepspeed_config(r, env.world_size, load_universal=universal)
         model = self._load_model()
         optimizer = make_optimizer(model, r, env.device, offloads_optimizer(self.ds_config))
+        self.optimizer = optimizer  # ours, the base optimizer under every ZeRO stage
         self.engine, self.scheduler = initialize(model, optimizer, self._scheduler, self.ds_config)
         self.teacher = self._load_teacher()
         if resume:
@@ -94,6 +99,7 @@ class UptrainRecipe:
             )
             self.start_step = state["step"]
             self.last_eval_ppl = state.get("last_eval_ppl")
+            self.skipped_steps = list(state.get("skipped_nonfinite", []))
         if env.is_main:  # a fresh start drops rows of a run that died before its first checkpoint
             truncate_metrics(self.run_dir, self.start_step if resume else -1)
         self.metrics = MetricsLogger(
@@ -317,6 +323,8 @@ class UptrainRecipe:
             self.validate(0)
         batches = self.train_data.batches(self.start_step, env.rank, env.world_size)
         for step in range(self.start_step + 1, self.total_steps + 1):
+            faults.point("train-step")
+            self.step = step
             fetch = time.perf_counter()
             rows = next(batches)  # this rank's part of the global batch
             started = time.perf_counter()
@@ -324,13 +332,20 @@ class UptrainRecipe:
                 self.gradual.set_step(step - 1)
             lr = self.scheduler.get_last_lr()[0]
             losses, kls = [], []
-            for micro in rank_micro_batches(rows, 0, 1, r.batch.micro_batch_size):
+            micros = rank_micro_batches(rows, 0, 1, r.batch.micro_batch_size)
+            for i, micro in enumerate(micros):
                 loss, kl = self._micro_step(torch.from_numpy(micro).to(env.device))
-                engine.step()
                 losses.append(loss.float())
                 if kl is not None:
                     kls.append(kl.float())
-            loss = _mean_over_ranks(torch.stack(losses).mean())
+                if i == len(micros) - 1:  # the optimizer update comes next: is the loss finite?
+                    loss = _mean_over_ranks(torch.stack(losses).mean())
+                    finite = math.isfinite(loss)
+                    if not finite and len(self.skipped_steps) >= r.optim.skip_nonfinite:
+                        break  # stopped below, before any update
+                    self.optimizer.skip_next = not finite
+                engine.step()
+                self.optimizer.skip_next = False
             elapsed = time.perf_counter() - started
             record = {
                 "step": step,
@@ -352,9 +367,18 @@ class UptrainRecipe:
                 record["distill_kl"] = _mean_over_ranks(torch.stack(kls).mean())
             if self.gradual:
                 record["value_mix"] = self.gradual.mix_at(step - 1)
+            if not finite and len(self.skipped_steps) < r.optim.skip_nonfinite:
+                self.skipped_steps.append(step)
+                record["skipped"] = True
             self.metrics.step(record)
-            if not math.isfinite(loss):
-                raise SkipV1Error(self._non_finite_message(loss, step))
+            if not finite:
+                if not record.get("skipped"):
+                    raise SkipV1Error(self._non_finite_message(loss, step))
+                self.metrics.print(
+                    f"warning: loss is {loss} at step {step}: skipped the step (no optimizer "
+                    f"update; {len(self.skipped_steps)} of optim.skip_nonfinite="
+                    f"{r.optim.skip_nonfinite} skips used)"
+                )
             last = step == self.total_steps
             if r.eval.every and step % r.eval.every == 0 and not last:
                 self.validate(step)
@@ -371,9 +395,29 @@ class UptrainRecipe:
             if found
             else ("no checkpoint was written yet")
         )
+        skipped = self.skipped_steps
+        if skipped:
+            latest += (
+                f"; {len(skipped)} earlier non-finite step(s) were skipped, the most "
+                f"optim.skip_nonfinite allows (steps {', '.join(map(str, skipped))})"
+            )
         return (
-            f"loss is {loss} at step {step}: stopped before checkpointing this step ({latest}); "
-            "lower optim.lr or check the data, then rerun to resume"
+            f"loss is {loss} at step {step}: stopped before checkpointing this step, with no "
+            f"optimizer update ({latest}); check the data or lower optim.lr (a new --run-dir), "
+            "or raise optim.skip_nonfinite to skip such steps, then rerun to resume"
+        )
+
+    def peer_lost_message(self, err: BaseException) -> str:
+        """One line for a rank whose collective failed because another rank is gone."""
+        found = checkpointing.complete_checkpoints(self.ckpt_dir)
+        resume = f"from {found[-1].name}" if found else "from the start (no checkpoint yet)"
+        cause = "did not answer" if "timed out" in str(err).lower() else "is gone"
+        where = f"at step {self.step}" if self.step else "during setup or export"
+        return (
+            f"rank {self.env.rank}: another rank {cause} ({where}; collectives wait at most "
+            f"deepspeed.timeout_s = {self.recipe.deepspeed.timeout_s} s): a rank or node died "
+            f"or hangs; this rank stopped. Rerun the same command on every node to resume "
+            f"{resume}"
         )
 
     @torch.no_grad()
@@ -417,6 +461,7 @@ class UptrainRecipe:
             "model_dir": str(self.model_dir.resolve()),
             "data": self._data_fingerprint(),
             "last_eval_ppl": self.last_eval_ppl,
+            "skipped_nonfinite": self.skipped_steps,
             "export_info": self.plan(),
             "recipe": self.recipe.to_dict(),
         }
@@ -459,15 +504,26 @@ class UptrainRecipe:
 def run(recipe: Recipe) -> None:
     """What every rank runs."""
     trainer = UptrainRecipe(recipe)
-    trainer.setup()
     try:
-        trainer.train()
-        if recipe.export:
-            trainer.export()
-    finally:
-        trainer.close()
+        trainer.setup()
+        try:
+            trainer.train()
+            if recipe.export:
+                trainer.export()
+        finally:
+            trainer.close()
+    except RuntimeError as err:
+        if trainer.env.world_size > 1 and peer_failure(err):
+            raise PeerLost(trainer.peer_lost_message(err)) from None
+        raise
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+class PeerLost(SkipV1Error):
+    """Printed by every surviving rank (the dead one cannot print), not only rank 0."""
+
+    every_rank = True
 
 
 # Recipe keys a resumed run may change: they do not alter what the run computes.
@@ -478,6 +534,8 @@ RESUMABLE_CHANGES = (
     "deepspeed.offload_optimizer",
     "deepspeed.offload_params",
     "deepspeed.config",
+    "deepspeed.timeout_s",
+    "optim.skip_nonfinite",
     "export",
     "run_dir",
     # where the token store lives and how it is built; its identity is checked on open
