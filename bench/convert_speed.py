@@ -145,11 +145,14 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the 2 GB files")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="skipv1-bench-", dir=args.workdir))
+    load_before = os.getloadavg()[0]
     try:
         report = run(work, args.shard_size, args.repeat, args.baseline)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    load = f"load average {load_before:.2f} before and {os.getloadavg()[0]:.2f} after (1-minute)"
+    report = report.replace("LOAD", load)
     out = ROOT / "docs" / "results" / "convert.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report)
@@ -224,7 +227,7 @@ def report(runs, shard_size, src_bytes, n_shards, largest_shard, dst_bytes, boun
         "s = 16), interleaved, each followed by `sync`, all from a page-cache-warm source. "
         "Times are medians over the rounds, with the fastest and slowest round.",
         "",
-        f"Machine: {os.cpu_count()} CPUs ({platform.machine()}), shared with other jobs; "
+        f"Machine: {os.cpu_count()} CPUs ({platform.machine()}), LOAD; "
         f"Python {platform.python_version()}, torch {torch.__version__}.",
         "",
         "| | |",
