@@ -67,6 +67,9 @@ def test_defaults_follow_the_paper(tmp_path):
         (["optim.betas=[0.9]"], "`optim.betas` is [0.9]: give two numbers in [0, 1)"),
         (["budget.tokens=4096.5"], "recipe key `budget.tokens` must be int, got float 4096.5"),
         (["optim=3"], "`optim` must be a mapping of keys"),
+        (["optim.lr=inf"], "`optim.lr` is inf: it must be a finite number"),
+        (["optim.lr=nan"], "`optim.lr` is nan: it must be"),
+        (["optim.grad_clip=.inf"], "`optim.grad_clip` is inf: it must be a finite number"),
     ],
 )
 def test_schema_errors_name_the_key(tmp_path, overrides, message):

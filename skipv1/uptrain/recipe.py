@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AllowInfNan,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -63,7 +64,8 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
-Float = Annotated[float, BeforeValidator(_yaml_float)]
+# finite only: an inf lr or budget would start every rank and fail inside the optimizer
+Float = Annotated[float, BeforeValidator(_yaml_float), AllowInfNan(False)]
 Int = Annotated[int, BeforeValidator(_yaml_int)]
 
 

@@ -40,6 +40,8 @@ def one_line_error(schema: type[BaseModel], err: ValidationError) -> str:
     if kind == "literal_error":
         choices = ", ".join(str(c) for c in typing.get_args(field.annotation))
         return f"recipe key `{key}` is {value!r}: allowed values are {choices}"
+    if kind == "finite_number":
+        return f"`{key}` is {value}: it must be a finite number"
     if kind in BOUNDS:
         return f"`{key}` is {value}: it must be {allowed_range(field)}"
     return f"recipe key `{key}`: {e['msg']}"
