@@ -237,9 +237,8 @@ metric_list:
 """
 
 
-@pytest.mark.slow
-def test_lm_eval_runs_a_local_task_on_source_and_converted_checkpoints(checkpoint, tmp_path, cli):
-    pytest.importorskip("lm_eval")
+def tiny_task(tmp_path: Path) -> Path:
+    """A directory with the three-question multiple-choice task `skipv1_tiny_choice`."""
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     rows = [
@@ -253,6 +252,37 @@ def test_lm_eval_runs_a_local_task_on_source_and_converted_checkpoints(checkpoin
     ]
     (tasks / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tasks / "tiny.yaml").write_text(TASK_YAML.format(data=tasks / "data.jsonl"))
+    return tasks
+
+
+@pytest.mark.slow
+def test_lm_eval_never_runs_code_from_the_checkpoint(checkpoint, tmp_path, cli):
+    """A checkpoint whose config.json points `auto_map` at its own Python file: `eval --tasks`
+    loads the stock class (no trust_remote_code), so the file never runs."""
+    pytest.importorskip("lm_eval")
+    src = checkpoint("src", num_attention_heads=4, num_key_value_heads=2)
+    crafted = tmp_path / "crafted"
+    shutil.copytree(src, crafted)
+    marker = tmp_path / "code-ran"
+    (crafted / "payload.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
+    config = json.loads((crafted / "config.json").read_text())
+    config["auto_map"] = {
+        "AutoConfig": "payload.Config",
+        "AutoModelForCausalLM": "payload.Model",
+    }
+    (crafted / "config.json").write_text(json.dumps(config))
+    result = cli(
+        "eval", crafted, "--tasks", "skipv1_tiny_choice", "--tasks-dir", tiny_task(tmp_path),
+        "--no-perplexity", "--no-speed", *FAST,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_lm_eval_runs_a_local_task_on_source_and_converted_checkpoints(checkpoint, tmp_path, cli):
+    pytest.importorskip("lm_eval")
+    tasks = tiny_task(tmp_path)
     src = checkpoint("src", num_attention_heads=4, num_key_value_heads=2)
     conv = convert_in_memory(src, tmp_path / "conv", 1)
     assert "auto_map" in json.loads((conv / "config.json").read_text())  # trust_remote_code path

@@ -207,6 +207,21 @@ def test_export_refuses_destinations_that_would_destroy_the_run(zero2_run, tmp_p
     assert sorted(p.name for p in zero2_run.iterdir()) == before
 
 
+def test_export_after_the_model_directory_moved_says_where_it_was(zero2_run, tmp_path, cli):
+    """The run's state names the model directory export reads config and tokenizer from; a copy
+    of the run whose states point at a directory that no longer exists stands for a moved one."""
+    run = tmp_path / "run"
+    shutil.copytree(zero2_run, run)
+    gone = tmp_path / "moved-away"
+    for state in run.glob("checkpoints/*/trainer_state.json"):
+        data = json.loads(state.read_text())
+        state.write_text(json.dumps({**data, "model_dir": str(gone)}))
+    result = cli.process("export", run, tmp_path / "out")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and f"model directory {gone} is gone" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 class Payload:
     """Unpickling this creates the file `marker`: proof that code ran."""
 
