@@ -295,3 +295,35 @@ for case in torch.load({str(work / "expected.pt")!r}):
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.count("OK") == len(cases), run.stdout
+
+
+def assert_cache_paths_agree(model, x, prompt, prefill: int = 5, atol: float = 1e-5) -> None:
+    """The uncached forward of `x` == a DynamicCache prefill of `prefill` tokens then one token
+    at a time; greedy `generate` from `prompt` == greedy decoding with no cache at all."""
+    from transformers import DynamicCache
+
+    with torch.no_grad():
+        full = model(x).logits
+        cache = DynamicCache(config=model.config)
+        first = model(x[:, :prefill], cache=cache, use_cache=True).logits
+        steps = [
+            model(x[:, t : t + 1], cache=cache, use_cache=True).logits
+            for t in range(prefill, x.shape[1])
+        ]
+    torch.testing.assert_close(torch.cat([first, *steps], dim=1), full, atol=atol, rtol=0)
+    generated = model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    tokens = prompt
+    with torch.no_grad():
+        for _ in range(6):
+            nxt = model(tokens).logits[:, -1].argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, nxt], dim=1)
+    assert torch.equal(generated, tokens)
+
+
+def generated_cache_bytes(model, prompt) -> tuple[int, object]:
+    """(bytes of keys and values, the cache) after `generate` of one token from `prompt`."""
+    out = model.generate(
+        prompt, max_new_tokens=1, do_sample=False, return_dict_in_generate=True, pad_token_id=0
+    )
+    cache = out.cache
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers), cache

@@ -9,12 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, GPTNeoXConfig, GPTNeoXForCausalLM
+from transformers import AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
 
 from skipv1 import SkipV1GPTNeoXConfig, SkipV1GPTNeoXForCausalLM
 from skipv1.checkpoint_info import describe
 from skipv1.modeling.layout import KVLayout
-from tests.factories import make_checkpoint, token_ids
+from tests.factories import (
+    assert_cache_paths_agree,
+    generated_cache_bytes,
+    make_checkpoint,
+    token_ids,
+)
 
 SHAPE = dict(
     hidden_size=32,
@@ -55,34 +60,12 @@ def test_zero_skip_equals_stock_gpt_neox(attn, parallel):
 def test_uncached_cached_and_greedy_generate_agree(attn):
     model = skipv1_model(2, attn=attn)
     x = token_ids(length=12)
-    with torch.no_grad():
-        full = model(x).logits
-        cache = DynamicCache(config=model.config)
-        prefill = model(x[:, :5], cache=cache, use_cache=True).logits
-        steps = [model(x[:, t : t + 1], cache=cache, use_cache=True).logits for t in range(5, 12)]
-    torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full, atol=1e-5, rtol=0)
-
-    prompt = token_ids(batch=1, length=6)
-    generated = model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
-    tokens = prompt
-    with torch.no_grad():  # greedy, token by token, with no cache at all
-        for _ in range(6):
-            nxt = model(tokens).logits[:, -1].argmax(-1, keepdim=True)
-            tokens = torch.cat([tokens, nxt], dim=1)
-    assert torch.equal(generated, tokens)
+    assert_cache_paths_agree(model, x, token_ids(batch=1, length=6), atol=1e-5)
 
 
 def test_generate_cache_bytes_match_the_formula():
     model = skipv1_model(3)
-    out = model.generate(
-        token_ids(batch=1, length=20),
-        max_new_tokens=1,
-        do_sample=False,
-        return_dict_in_generate=True,
-        pad_token_id=0,
-    )
-    cache = out.cache
-    measured = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    measured, cache = generated_cache_bytes(model, token_ids(batch=1, length=20))
     assert cache.get_seq_length() == 20
     assert measured == 20 * KVLayout(3, 4, D, 3).bytes_per_token(dtype_bytes=4)
     assert [layer.values.shape[1] for layer in cache.layers] == [4, 1, 1]
