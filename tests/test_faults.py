@@ -12,8 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from factories import SKIPV1, make_skipv1_checkpoint, write_corpus
+from safetensors.torch import load_file
 from test_filesystems import tmpfs  # noqa: F401  (the fixture)
 
 from skipv1.atomic_dir import TMP_MARK
@@ -135,3 +137,28 @@ def test_a_checkpoint_write_that_fills_the_disk_never_becomes_the_latest(workdir
     assert "Traceback" not in run.stderr
     assert step_names(disk) == ["step_00000002"]
     assert not (disk / "step_00000004" / COMPLETE).exists()
+
+
+def test_an_offline_export_killed_mid_write_keeps_the_old_destination(workdir, reference, tmp_path):
+    """`skipv1 export RUN_DIR DST --overwrite` killed while writing: the old DST stays as it was;
+    the next export replaces it and removes the dead one's workspace."""
+    dst = tmp_path / "export"
+    shutil.copytree(reference / "export", dst)
+    (dst / "old-marker").write_text("the export being replaced")
+    old = snapshot(dst)
+    cmd = [SKIPV1, "export", str(reference), str(dst), "--overwrite"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", SKIPV1_FAULT="export-weight:2")
+    died = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert died.returncode == KILLED, died.stderr[-2000:]
+    assert snapshot(dst) == old
+    env.pop("SKIPV1_FAULT")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not (dst / "old-marker").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no workspace left
+    fresh, ended = (
+        load_file(dst / "model.safetensors"),
+        load_file(reference / "export" / "model.safetensors"),
+    )
+    assert fresh.keys() == ended.keys()
+    assert all(torch.equal(fresh[k], ended[k]) for k in ended)

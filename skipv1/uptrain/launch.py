@@ -2,9 +2,10 @@
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR); multi-node runs use the DeepSpeed launcher with a
 hostfile or SLURM's srun (see docs/uptrain.md), which set the same variables."""
 
+import contextlib
+import logging
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,36 +27,67 @@ def free_port() -> int:
 
 
 def launch_local(recipe: Path | None, overrides: list[str], nproc: int) -> int:
-    """Runs `python -m skipv1.uptrain RECIPE OVERRIDES` on `nproc` local ranks; a rank's
-    SkipV1Error comes back as this process's one-line error (exit 2)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        error_file = Path(tmp) / "error"
-        env = dict(os.environ, **{ERROR_FILE_ENV: str(error_file)})
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(nproc),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            "-m",
-            "skipv1.uptrain",
-            *([str(recipe)] if recipe else []),
-            *overrides,
-        ]
-        rc = subprocess.call(cmd, env=env)
-        if rc != 0 and error_file.is_file() and error_file.read_text().strip():
-            raise SkipV1Error(error_file.read_text().strip().splitlines()[0])
-        if rc != 0:  # e.g. a rank killed or out of memory: torchrun's report above names it
+    """Runs `python -m skipv1.uptrain RECIPE OVERRIDES` on `nproc` local ranks through torchrun's
+    own entry point, in this process: a rank's SkipV1Error, or a rank that died (killed, out of
+    memory), comes back as this process's one line (exit 2) instead of torchrun's traceback."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    argv = ["--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1"]
+    argv += ["--master-port", str(free_port()), "-m", "skipv1.uptrain"]
+    argv += [*([str(recipe)] if recipe else []), *overrides]
+    # Our line replaces the agent's log lines (the SIGTERMs it sends, its failure report).
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    with tempfile.TemporaryDirectory() as tmp, _environ(ERROR_FILE_ENV, Path(tmp) / "error") as errors:
+        try:
+            run(parse_args(argv))
+        except ChildFailedError as failed:
+            raise SkipV1Error(failure_message(failed, _first_line(errors))) from None
+        except SignalException as stopped:  # Ctrl-C or a SIGTERM to this process
             raise SkipV1Error(
-                f"a rank failed (torchrun exit status {rc}; the report above names the rank and "
-                "its exit code or signal) and the other ranks were stopped; rerun the same "
+                f"stopped by {stopped.sigval.name}; the ranks were stopped; rerun the same "
                 "command to resume from the last complete checkpoint"
-            )
-        return rc
+            ) from None
+    return 0
+
+
+def failure_message(failed, reported: str | None) -> str:
+    """One line for a failed torchrun: what a rank reported (a SkipV1Error) if the first rank to
+    fail exited by itself, else which rank died of which signal, then what the others saw."""
+    rank, first = failed.get_first_failure()
+    if first.exitcode >= 0 and reported:
+        return reported
+    if first.exitcode < 0:
+        name = first.signal_name()
+        cause = " (the out-of-memory killer or a kill -9)" if name == "SIGKILL" else ""
+        died = f"rank {rank} was killed by {name}{cause}"
+    else:
+        died = f"rank {rank} exited with status {first.exitcode} (its output above says why)"
+    then = reported or (
+        "the other ranks were stopped; rerun the same command to resume from the last "
+        "complete checkpoint"
+    )
+    return f"{died}; then {then}"
+
+
+def _first_line(path: Path) -> str | None:
+    text = path.read_text().strip() if path.is_file() else ""
+    return text.splitlines()[0] if text else None
+
+
+@contextlib.contextmanager
+def _environ(key: str, value: Path):
+    """`key=value` in this process's environment (which the ranks inherit) for the block."""
+    old = os.environ.get(key)
+    os.environ[key] = str(value)
+    try:
+        yield value
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
 
 
 def report_error(message: str, every_rank: bool = False) -> bool:
