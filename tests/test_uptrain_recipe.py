@@ -108,6 +108,14 @@ def test_cli_schema_error_is_one_line_exit_2(tmp_path, cli):
     assert lines == ["error: recipe key `optim.lr` must be float, got str 'fast'"]
 
 
+def test_a_batch_that_does_not_split_over_nproc_ranks_is_one_line_before_any_rank(tmp_path, cli):
+    recipe = write_recipe(tmp_path / "r.yaml")  # 8 sequences per step, micro 2
+    result = cli.process("uptrain", recipe, "--nproc", "3")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: the global batch (8 sequences") and "x 3 ranks" in line
+
+
 @pytest.mark.parametrize("name", ["tiny-cpu", "smollm2-135m", "llama2-7b", "mistral-7b"])
 def test_shipped_recipes_validate(name, tmp_path):
     load_recipe(REPO / "recipes" / f"{name}.yaml", [f"run_dir={tmp_path}"])

@@ -29,7 +29,7 @@ def uptrain(
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Uptrain a converted (or to-be-converted) checkpoint with DeepSpeed, resumably."""
-    from .recipe import load_recipe
+    from .recipe import gradient_accumulation, load_recipe
 
     extra = list(overrides or [])
     if run_dir is not None:
@@ -39,6 +39,8 @@ def uptrain(
     loaded = load_recipe(recipe, extra)  # validate before spawning anything
     if nproc < 1:
         raise SkipV1Error(f"--nproc is {nproc}: give 1 or more")
+    if not is_worker():
+        gradient_accumulation(loaded, nproc)  # the batch must split over the ranks: say so once
     if nproc > 1 and not is_worker():
         rc = launch_local(recipe, extra, nproc)
         if rc:
