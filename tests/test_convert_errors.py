@@ -89,7 +89,7 @@ def test_a_source_without_architectures_is_recognised_by_model_type(tmp_path, co
 def test_source_that_is_already_skipv1(checkpoint, tmp_path, assert_refused, cli):
     src = checkpoint()
     first = tmp_path / "first"
-    assert cli("convert", src, first, "--quiet").exit_code == 0
+    assert cli("convert", src, first, "--init", "keep", "--quiet").exit_code == 0  # any init
     assert_refused(first, tmp_path / "dst", match="already a SkipV1 checkpoint")
 
 

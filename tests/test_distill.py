@@ -1,12 +1,11 @@
 """Distillation in uptraining: the loss itself, the frozen teacher, recipe errors, and one real
-2-rank DeepSpeed run with `distill.teacher` set."""
+2-rank DeepSpeed run with `distill.teacher` set (in test_uptrain_deepspeed.py)."""
 
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 from factories import tiny_config
 from test_uptrain_deepspeed import finish, uptrain, workdir  # noqa: F401 (fixture)
 from transformers import LlamaForCausalLM
@@ -14,7 +13,6 @@ from transformers import LlamaForCausalLM
 from skipv1.errors import SkipV1Error
 from skipv1.uptrain.distill import distillation_loss
 from skipv1.uptrain.engine import DistEnv
-from skipv1.uptrain.metrics import read_metrics
 from skipv1.uptrain.recipe import load_recipe
 from skipv1.uptrain.trainer import UptrainRecipe
 
@@ -105,16 +103,5 @@ def test_bad_distill_setting_exits_2_with_one_line(workdir, cli):  # noqa: F811
     ]
 
 
-@pytest.mark.distributed
-def test_two_rank_zero3_run_with_a_teacher_logs_distill_kl(workdir, checkpoint):  # noqa: F811
-    """The student is partitioned by ZeRO-3, the teacher (a plain Llama) replicated."""
-    teacher = checkpoint("teacher")
-    args = [f"distill.teacher={teacher}", "deepspeed.zero_stage=3", "budget.tokens=3072"]
-    args += ["eval.every=0", "checkpoint.every=0", "export=false"]
-    result = finish(uptrain(workdir, "distill", *args))
-    records = [r for r in read_metrics(workdir / "distill") if "loss" in r]
-    assert [r["step"] for r in records] == [1, 2, 3]
-    assert all(math.isfinite(r["distill_kl"]) and r["distill_kl"] > 0 for r in records)
-    assert "2 x teacher params x tokens" in result.stderr
-    saved = yaml.safe_load((workdir / "distill" / "recipe.yaml").read_text())
-    assert saved["distill"] == {"teacher": str(teacher), "alpha": 0.5, "temperature": 1.0}
+# The real two-rank ZeRO-3 run with a teacher shares test_uptrain_deepspeed.py's ZeRO-3 run:
+# test_zero3_run_with_a_teacher_logs_distill_kl.
