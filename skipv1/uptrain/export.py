@@ -3,8 +3,8 @@
 model card. Written through skipv1.atomic_dir: DST is the old export, the new one or absent, never half
 written, and no temporary directory is left behind.
 
-Weights come from the live engine at the end of a run (ZeRO-3 parameters gathered one decoder
-layer at a time), or, for `skipv1 export RUN_DIR DST`, from a checkpoint on disk (ZeRO shards
+Weights come from the live engine at the end of a run (ZeRO-3 parameters gathered onto rank 0
+one tensor at a time), or, for `skipv1 export RUN_DIR DST`, from a checkpoint on disk (ZeRO shards
 merged one weight at a time by DeepSpeed's `zero_to_fp32` in lazy mode), without any process
 group; either way they stream into safetensors shards written as they fill.
 """
@@ -36,27 +36,46 @@ SHARD_BYTES = 5 * 2**30  # transformers' default max_shard_size
 
 def iter_live_weights(engine, rank: int) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, CPU tensor) pairs of the engine's weights, yielded on rank 0. Under ZeRO-3 every
-    rank must drain it: parameters are gathered one decoder layer at a time, so no rank holds
-    more than one gathered layer beyond its own partition."""
+    rank must drain it: each parameter's partitions are gathered onto rank 0 alone, one tensor
+    at a time, so rank 0 holds one gathered tensor beyond its own partition and the other ranks
+    nothing beyond theirs (DeepSpeed's GatheredParameters all-gathers onto every rank)."""
     module = engine.module
     if engine.zero_optimization_stage() != 3:
         if rank == 0:
             for name, tensor in module.state_dict().items():
                 yield name, tensor.detach().cpu()
         return
-    import deepspeed
-
     for group in layer_groups(module):
-        with deepspeed.zero.GatheredParameters([p for _, p in group], modifier_rank=None):
-            if rank == 0:
-                for name, param in group:
-                    yield name, param.detach().cpu().clone()
+        for name, param in group:
+            full = gather_on_first_rank(param)
+            if full is not None:
+                yield name, full
+            del full
         trim_heap()
     if rank == 0:  # persistent buffers are not partitioned
         params = {name for name, _ in module.named_parameters()}
         for name, tensor in module.state_dict(keep_vars=True).items():
             if name not in params:
                 yield name, tensor.detach().cpu()
+
+
+def gather_on_first_rank(param) -> torch.Tensor | None:
+    """A ZeRO-3 parameter's full value as a CPU tensor on the first rank of its partition group,
+    None on the others. Rank r holds elements [r*n, (r+1)*n) of the flattened parameter (`ds_tensor`,
+    the last one padded): a gather of those, cut to `ds_numel`, is the parameter."""
+    import torch.distributed as dist
+    from deepspeed.accelerator import get_accelerator
+
+    group = param.ds_process_group
+    on_gpu = dist.get_backend(group) != "gloo"  # NCCL gathers device tensors only
+    device = get_accelerator().current_device_name() if on_gpu else "cpu"
+    part = param.ds_tensor.detach().to(device)
+    first = dist.get_rank(group) == 0
+    parts = [torch.empty_like(part) for _ in range(dist.get_world_size(group))] if first else None
+    dist.gather(part, parts, dst=dist.get_global_rank(group, 0), group=group)
+    if not first:
+        return None
+    return torch.cat(parts)[: param.ds_numel].view(param.ds_shape).cpu()
 
 
 def trim_heap() -> None:
