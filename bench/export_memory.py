@@ -15,8 +15,9 @@
         one shard, which rank 0 holds before writing it);
      c. the contrast: one gather of every parameter at once (`GatheredParameters(all)`), what
         the export did before commit a399587;
-     d. a control: the export's layer-by-layer `GatheredParameters` calls alone, nothing kept
-        or written, and without the export's `trim_heap` after each layer.
+     d. a control: DeepSpeed's layer-by-layer `GatheredParameters` (an all-gather onto every
+        rank, what the export did before it gathered onto rank 0 alone), nothing kept or
+        written, and without a `trim_heap` after each layer.
    The run is made twice: with glibc malloc's defaults, and with `MALLOC_MMAP_THRESHOLD_=1 MiB`
    (every large tensor its own mapping, returned at free), to separate what the export holds
    from what the allocator keeps.
@@ -162,6 +163,7 @@ def worker(recipe_file: Path, out: Path, shard_bytes: int) -> None:
     result["largest_layer_bytes"] = max(
         sum(p.ds_numel * p.element_size() for _, p in group) for group in layer_groups(module)
     )
+    result["largest_tensor_bytes"] = max(p.ds_numel * p.element_size() for _, p in params)
     result["parameters"] = sum(p.ds_numel for _, p in params)
     trainer.close()
     out.with_name(f"{out.stem}-{rank}.json").write_text(json.dumps(result))
@@ -271,13 +273,18 @@ PHASES = {
 
 
 def bound_of(runs: dict, phase: str, rank: int) -> int | None:
-    """The design's bound on a rank's growth: the largest gathered layer, plus, on rank 0 of
-    an export, the output shard it fills (the largest shard file it wrote)."""
+    """The design's bound on a rank's growth. Export (partitions gathered onto rank 0 one tensor
+    at a time): on rank 0 the largest tensor twice (its gathered parts and their concatenation)
+    plus the output shard it fills (the largest shard file it wrote); on the other ranks
+    nothing beyond their own partition. The layer-gathers control: the largest layer."""
     r0 = runs["default"][0]
     if phase == "whole_model_gather":
         return None
-    shard = r0[phase].get("largest_shard", 0) if rank == 0 else 0
-    return r0["largest_layer_bytes"] + shard
+    if phase == "layer_gathers":
+        return r0["largest_layer_bytes"]
+    if rank != 0:
+        return 0
+    return 2 * r0["largest_tensor_bytes"] + r0[phase]["largest_shard"]
 
 
 def table(runs: dict) -> tuple[str, dict]:
@@ -330,10 +337,15 @@ uptrain` (`UptrainRecipe`) on 2 CPU ranks (torchrun, gloo), ZeRO-3, {STEPS} step
 Peak = the kernel's VmHWM, reset to the current RSS (`echo 5 > /proc/self/clear_refs`) just
 before the phase, after `gc.collect()` + `malloc_trim(0)`; growth = peak - RSS before. The RSS
 before holds the rank's own ZeRO-3 shard (parameters, gradients, Adam state) and the libraries.
-Bound: the largest gathered layer, plus, on rank 0 of an export, the output shard it fills
-before writing it (the largest shard file: {small["largest_shard"] / MIB:,.0f} MiB in a,
+Bound of an export (each parameter's partitions gathered onto rank 0 alone, one tensor at a
+time): on rank 0, twice the largest tensor ({r0["largest_tensor_bytes"] / MIB:,.1f} MiB: its
+gathered parts and their concatenation) plus the output shard it fills before writing it (the
+largest shard file: {small["largest_shard"] / MIB:,.0f} MiB in a,
 {small["shards"]} shards; {default["largest_shard"] / MIB:,.0f} MiB in b, where the whole model
-fits in one 5 GiB shard). Holds: growth <= bound + {ALLOWANCE // MIB} MiB (the export's own
+fits in one 5 GiB shard); on rank 1, nothing beyond its own partition. Bound of the
+layer-gathers control d: the largest layer. Holds: growth <= bound + {
+        ALLOWANCE // MIB
+    } MiB (the export's own
 working memory: meta-device model, tokenizer, Python objects). Two runs: glibc malloc as it is,
 and with `MALLOC_MMAP_THRESHOLD_={MIB}` (large tensors are their own mappings, returned to the
 system when freed; by default glibc raises that threshold up to 32 MiB as tensors are freed and
@@ -346,7 +358,7 @@ serves the smaller ones from its heap, where freed memory stays resident).
 - Bound holds in every export row (a, b) with the default allocator:
   **{"yes" if all(ok[0] for ok in holds.values()) else "no"}**; with the 1 MiB mmap threshold:
   **{"yes" if all(ok[1] for ok in holds.values()) else "no"}**.
-- Rank 1 (gathers only) in the export with small shards: {
+- Rank 1 (sends its partitions only) in the export with small shards: {
         r1["export_small_shards"]["growth"] / MIB:,.0f} MiB ({
         r1["export_small_shards"]["growth"] / model:.0%} of the model); the
   whole-model gather the export did before: {gather / MIB:,.0f} MiB ({gather / model:.0%}).

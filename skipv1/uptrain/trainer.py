@@ -492,7 +492,7 @@ class UptrainRecipe:
                     pass
             self.metrics.print(f"exported to {dst}")
         else:
-            for _ in weights:  # the gathers, one layer at a time
+            for _ in weights:  # send this rank's partitions to rank 0, one tensor at a time
                 pass
         _barrier()
         return dst
