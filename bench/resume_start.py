@@ -95,16 +95,26 @@ def main() -> None:
     parser.add_argument("--chars", type=int, default=4_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--late", type=int, default=2000, help="the step resumed from")
+    parser.add_argument(
+        "--work-dir", type=Path, help="keep the long run here and reuse it (default: a temp dir)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="skipv1-resume-") as tmp:
-        work = Path(tmp)
-        recipe = setup(work, args.corpus_dir, args.chars, args.late)
+        work = args.work_dir or Path(tmp)
         late = work / "late"
-        t0 = time.time()
-        cmd, env = command(recipe, late)  # checkpoint at --late, then 4 steps
-        if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
-            sys.exit("the run to the late checkpoint failed")
-        print(f"trained {args.late + 4} steps in {time.time() - t0:.0f} s")
+        if (work / "LATE-DONE").is_file():  # the untimed long run of an earlier invocation
+            recipe = work / "recipe.yaml"
+        else:
+            work.mkdir(parents=True, exist_ok=True)
+            recipe = setup(work, args.corpus_dir, args.chars, args.late)
+            t0 = time.time()
+            cmd, env = command(recipe, late)  # checkpoint at --late, then 4 steps
+            if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
+                sys.exit("the run to the late checkpoint failed")
+            print(f"trained {args.late + 4} steps in {time.time() - t0:.0f} s")
+            (work / "LATE-DONE").touch()
+        for stale in [work / "fresh", *work.glob("resumed-*")]:
+            shutil.rmtree(stale, ignore_errors=True)
         from skipv1.uptrain.metrics import read_metrics
 
         kept = [r for r in read_metrics(late) if r.get("step", 0) <= args.late]

@@ -32,6 +32,8 @@ def eos_token_id(tokenizer) -> int:
 def encode_documents(texts: list[str], tokenizer, eos: int) -> list[list[int]]:
     """Each text's ids followed by `eos`, in one tokenizer call (a datasets.map worker calls it
     directly)."""
+    if not texts:  # a fast tokenizer fails on an empty batch (a batch of only skipped records)
+        return []
     return [[*ids, eos] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 

@@ -53,6 +53,18 @@ class DataStats:
                 stacklevel=2,
             )
 
+    def no_block(self, what: str, spec: "DataSpec", seq_len: int) -> SkipV1Error:
+        """The error for data that does not fill one block."""
+        skipped = (
+            f"; {self.skipped_records} record(s) skipped: missing, empty or non-string text"
+            if self.skipped_records
+            else ""
+        )
+        return SkipV1Error(
+            f"{what} data {spec.describe()} holds no block of data.seq_len={seq_len} tokens "
+            f"({self.documents} usable documents{skipped}): add data or lower data.seq_len"
+        )
+
 
 @dataclass(frozen=True)
 class DataSpec:
@@ -242,7 +254,8 @@ def open_text_dataset(spec: DataSpec, streaming: bool = False):
 def _no_text_field(spec: DataSpec, field_name: str, columns) -> SkipV1Error:
     return SkipV1Error(
         f"data {spec.describe()} has no text field {field_name!r}: set `text_field` to one of "
-        f"{sorted(columns)}"
+        f"{sorted(columns)} (give the data as a mapping, e.g. "
+        f"`{{files: {spec.describe()}, text_field: {sorted(columns)[0]}}}`)"
     )
 
 

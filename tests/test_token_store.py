@@ -117,6 +117,21 @@ def test_a_failed_build_leaves_no_store_and_no_temp_dir(tmp_path, tokenizer_dir)
     assert not cache.exists() or not any(cache.iterdir())
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_records_without_string_text_are_counted_in_the_no_block_error(
+    tmp_path, tokenizer_dir, streaming
+):
+    """A batch of only skipped records (here: numbers in the text field) used to reach the
+    tokenizer as an empty batch: an IndexError inside a fast tokenizer."""
+    recipe = recipe_file(tmp_path, tokenizer_dir)
+    data = tmp_path / "numbers.jsonl"
+    data.write_text('{"txt": 1}\n{"txt": null}\n')
+    spec = f"data.train={{files: {data}, text_field: txt}}"
+    loaded = load_recipe(recipe, [spec, f"data.streaming={str(streaming).lower()}"])
+    with pytest.raises(SkipV1Error, match=r"0 usable documents; 2 record\(s\) skipped: missing"):
+        train_store(loaded, AutoTokenizer.from_pretrained(tokenizer_dir), 0)
+
+
 @pytest.mark.slow  # child processes
 def test_prepare_data_bad_input_is_one_line_exit_2(tmp_path, tokenizer_dir, cli):
     recipe = recipe_file(tmp_path, tokenizer_dir)

@@ -43,10 +43,7 @@ def load_blocks(spec, tokenizer, seq_len: int, what: str, limit: int | None = No
     blocks = pack_blocks(docs, tokenizer, seq_len, max_blocks=limit)
     stats.warn(what)
     if not len(blocks):
-        raise SkipV1Error(
-            f"{what} data {spec.describe()} holds no block of data.seq_len={seq_len} tokens "
-            f"({stats.documents} usable documents): add data or lower data.seq_len"
-        )
+        raise stats.no_block(what, spec, seq_len)
     return blocks
 
 

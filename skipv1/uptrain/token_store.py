@@ -149,11 +149,7 @@ def build_store(
                 tokens = _write_tokens(chunks, out, dtype, max_blocks, seq_len)
             blocks = tokens // seq_len
             if blocks == 0:
-                raise SkipV1Error(
-                    f"train data {spec.describe()} holds no block of data.seq_len={seq_len} "
-                    f"tokens ({stats.documents} usable documents): add data or lower "
-                    "data.seq_len"
-                )
+                raise stats.no_block("train", spec, seq_len)
             stats.warn("train")
             meta = {
                 **identity,
