@@ -4,6 +4,7 @@ a temporary workspace beside DST whose `out/` is renamed to DST on success and w
 on any error, Ctrl-C or SIGTERM, so DST is either the old one, the new one, or absent."""
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -29,6 +30,22 @@ def resolve_path(path: Path, role: str) -> Path:
             f"{role} {path} cannot be resolved ({err}): it lies in a symlink loop or an "
             "unreadable directory; choose another path"
         ) from None
+
+
+def make_writable_dir(path: Path, role: str) -> Path:
+    """`path` created if needed and checked writable, or a one-line error naming `role` (the
+    option or recipe key) before any work that would write there later."""
+    path = resolve_path(path, role)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "not writable")
+    except OSError as err:
+        raise SkipV1Error(
+            f"{role} {path} cannot be created or written ({err.strerror or err}): choose a "
+            "writable directory"
+        ) from None
+    return path
 
 
 # Room for headers, config, tokenizer and provenance beyond the tensor bytes.

@@ -303,11 +303,25 @@ def test_a_second_run_on_a_run_dir_in_use_is_refused_and_a_kill_frees_it(workdir
 
 
 def test_seq_len_beyond_the_model_positions_is_refused(workdir):
-    proc = uptrain(workdir, "long", "data.seq_len=512", "deepspeed.zero_stage=0", nproc=1)
+    args = ("data.seq_len=512", "batch.micro_batch_size=2", "deepspeed.zero_stage=0")
+    proc = uptrain(workdir, "long", *args, nproc=1)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err[-2000:]
     assert "more than the model's 256 positions" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_dir_that_cannot_be_created_is_refused_before_training(workdir):
+    """It was created at the first checkpoint: an internal error after the first steps."""
+    args = ("checkpoint.dir=/proc/skipv1-nowhere", "deepspeed.zero_stage=0")
+    proc = uptrain(workdir, "nowhere", *args, nproc=1)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err[-2000:]
+    assert err.strip().splitlines() == [
+        "error: checkpoint.dir /proc/skipv1-nowhere cannot be created or written (No such file "
+        "or directory): choose a writable directory"
+    ]
+    assert not (workdir / "nowhere" / "metrics.jsonl").exists()
 
 
 def test_resume_with_a_changed_training_key_is_refused_by_name(workdir, zero2_run):

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .. import faults
+from ..atomic_dir import make_writable_dir
 from ..checkpoint_info import check_supported, is_skipv1, read_config
 from ..convert.inits import get_init
 from ..errors import SkipV1Error
@@ -60,8 +61,9 @@ class UptrainRecipe:
         r, env = self.recipe, self.env
         init_distributed(env, r.deepspeed.timeout_s)
         _quiet_libraries(env.is_main)
-        if env.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+        if env.is_main:  # both written much later: refused now, not after the first steps
+            make_writable_dir(self.run_dir, "run_dir")
+            make_writable_dir(self.ckpt_dir, "checkpoint.dir")
             self._lock = lock_run_dir(self.run_dir)
         self.model_dir = self._model_dir()
         self.teacher_dir = self._teacher_dir()
