@@ -225,6 +225,10 @@ def test_export_refuses_destinations_that_would_destroy_the_run(zero2_run, tmp_p
         ([str(a_file)], "is a file"),
         (
             [str(tmp_path / "out"), "--checkpoint", str(zero2_run / "checkpoints" / "step_99")],
+            "is not a directory: give one of the run's checkpoints",
+        ),
+        (
+            [str(tmp_path / "out"), "--checkpoint", str(zero2_run / "checkpoints")],
             "not a complete checkpoint",
         ),
     ]

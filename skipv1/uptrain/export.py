@@ -271,6 +271,11 @@ def export_run(
 ) -> Path:
     """`skipv1 export`: the latest (or given) complete checkpoint of a run as an HF checkpoint."""
     ckpt = Path(checkpoint) if checkpoint else latest_checkpoint(run_dir)
+    if not ckpt.is_dir():
+        raise SkipV1Error(
+            f"--checkpoint {ckpt} is not a directory: give one of the run's checkpoints "
+            f"({run_dir}/checkpoints/step_XXXXXXXX) or omit it for the latest complete one"
+        )
     if not (ckpt / COMPLETE).is_file():
         raise SkipV1Error(
             f"{ckpt} is not a complete checkpoint (no `{COMPLETE}` marker): a run died while "
