@@ -38,7 +38,7 @@ BFLOAT16 = DType("bfloat16", "BF16", 2, "<u2")
 DTYPES = (FLOAT64, FLOAT32, FLOAT16, BFLOAT16)
 BY_CODE = {d.code: d for d in DTYPES}
 BY_NAME = {d.name: d for d in DTYPES}
-CAST_BLOCK = 1 << 22  # elements per step of a cast
+CAST_BLOCK = 1 << 18  # elements per step of a cast: the temporaries stay in the CPU cache
 
 
 def dtype_named(name: str) -> DType:
