@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from skipv1.convert import arrays
-from skipv1.convert.arrays import BY_NAME, Array, dtype_named
+from skipv1.convert.arrays import Array
 from skipv1.convert.inits import mean
 from skipv1.convert.inits.mean import init_mean
+from skipv1.units import BY_NAME, dtype_named
 
 DTYPES = ("bfloat16", "float16", "float32", "float64")
 

@@ -16,8 +16,8 @@ from test_convert import hand_built_skipv1, logits
 from transformers import AutoModelForCausalLM
 
 from skipv1.convert import writer
-from skipv1.convert.arrays import dtype_named
 from skipv1.convert.reader import FileRange
+from skipv1.units import dtype_named
 
 
 def raw_tensors(path: Path) -> dict[str, bytes]:

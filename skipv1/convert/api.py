@@ -22,7 +22,8 @@ from ..console import byte_progress, console
 from ..errors import SkipV1Error
 from ..families import family_of
 from ..smollm2 import smollm2_gguf_path
-from .arrays import BFLOAT16, BY_NAME, Array, DType
+from ..units import BFLOAT16, BY_NAME, DType
+from .arrays import Array
 from .companions import companion_files, copy_companions, copy_modeling_code
 from .config import ConfigChange, skipv1_config, sliding_window_active
 from .fused import has_bare_names

@@ -1,5 +1,5 @@
-"""Checkpoint tensors without torch: the float dtypes by name, and `Array`, a tensor's bytes as a
-numpy array, with the casts `convert` needs done exactly as torch does them.
+"""Checkpoint tensors without torch: `Array`, a tensor's bytes as a numpy array (its dtype from
+skipv1.units' table), with the casts `convert` needs done exactly as torch does them.
 
 `convert --init keep/mean` of a safetensors source works on these, so that it never imports
 torch (seconds of start-up on a conversion that otherwise runs at disk speed). numpy has no
@@ -13,37 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..units import BFLOAT16, FLOAT16, FLOAT64, DType, dtype_named
 
-@dataclass(frozen=True)
-class DType:
-    name: str  # torch's and config.json's spelling: "bfloat16"
-    code: str  # safetensors': "BF16"
-    itemsize: int
-    storage: str  # the numpy dtype its bytes are held as
-
-    def __str__(self) -> str:
-        return self.name
-
-    @property
-    def torch(self):
-        import torch
-
-        return getattr(torch, self.name)
-
-
-FLOAT64 = DType("float64", "F64", 8, "<f8")
-FLOAT32 = DType("float32", "F32", 4, "<f4")
-FLOAT16 = DType("float16", "F16", 2, "<f2")
-BFLOAT16 = DType("bfloat16", "BF16", 2, "<u2")
-DTYPES = (FLOAT64, FLOAT32, FLOAT16, BFLOAT16)
-BY_CODE = {d.code: d for d in DTYPES}
-BY_NAME = {d.name: d for d in DTYPES}
 CAST_BLOCK = 1 << 18  # elements per step of a cast: the temporaries stay in the CPU cache
-
-
-def dtype_named(name: str) -> DType:
-    """The DType of a torch dtype (or its name): `torch.bfloat16` -> BFLOAT16; KeyError if none."""
-    return BY_NAME[str(name).removeprefix("torch.")]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .arrays import Array, DType, dtype_named
+from ..units import DType, dtype_named
+from .arrays import Array
 from .plan import shard_file_names
 from .reader import FileRange
 
