@@ -16,8 +16,9 @@ from test_convert import hand_built_skipv1, logits
 from transformers import AutoModelForCausalLM
 
 from skipv1.convert import writer
+from skipv1.convert.arrays import Array
 from skipv1.convert.reader import FileRange
-from skipv1.units import dtype_named
+from skipv1.units import BFLOAT16, dtype_named
 
 
 def raw_tensors(path: Path) -> dict[str, bytes]:
@@ -100,3 +101,20 @@ def test_a_source_that_shrank_is_an_error_not_a_short_tensor(tmp_path):
     with open(tmp_path / "target", "wb") as dst:
         with pytest.raises(RuntimeError, match="ended before byte 150"):
             writer.copy_range(FileRange(source, 50, 100), dst.fileno(), 0)
+
+
+def test_a_rewritten_tensor_is_read_mapped_with_its_bytes_and_a_short_file_is_an_error(tmp_path):
+    tensors = {"a": torch.randn(3, 5), "b": torch.randn(7000, 3).to(torch.bfloat16)}
+    path = tmp_path / "x.safetensors"
+    save_file(tensors, path)
+    (length,) = struct.unpack("<Q", path.read_bytes()[:8])
+    header = json.loads(path.read_bytes()[8 : 8 + length])
+    for name, tensor in tensors.items():
+        at = 8 + length + header[name]["data_offsets"][0]
+        array = Array.read(path, at, dtype_named(tensor.dtype), tuple(tensor.shape))
+        assert torch.equal(array.to_torch(), tensor)
+    end = 8 + length + header["b"]["data_offsets"][1]
+    with open(path, "r+b") as f:
+        f.truncate(end - 1)
+    with pytest.raises(RuntimeError, match="ended inside a tensor"):
+        Array.read(path, end - 7000 * 3 * 2, BFLOAT16, (7000, 3))

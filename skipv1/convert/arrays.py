@@ -8,6 +8,8 @@ bfloat16: a bfloat16 tensor is held as its uint16 bit patterns, widened to float
 torch's CPU cast gives it. tests/test_arrays.py pins every cast against torch bit for bit."""
 
 import math
+import mmap
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +33,19 @@ class Array:
 
     @classmethod
     def read(cls, path: Path, offset: int, dtype: DType, shape: tuple[int, ...]) -> "Array":
-        """The tensor at byte `offset` of a safetensors file (little-endian, C order)."""
+        """The tensor at byte `offset` of a safetensors file (little-endian, C order), as a
+        read-only view of the file's pages in the page cache: mapped, not read (a read() into
+        a fresh array costs a copy and page faults on every byte)."""
         count = math.prod(shape)
-        data = np.fromfile(path, dtype=dtype.storage, count=count, offset=offset)
-        if data.size != count:
-            raise RuntimeError(f"{path} ended inside a tensor at byte {offset}: it changed")
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        length = offset - base + count * np.dtype(dtype.storage).itemsize
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < base + length:  # mapped past the end: SIGBUS
+                raise RuntimeError(f"{path} ended inside a tensor at byte {offset}: it changed")
+            if count == 0:
+                return cls(dtype, np.empty(shape, dtype.storage))
+            pages = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ, offset=base)
+        data = np.frombuffer(pages, dtype.storage, count, offset - base)  # keeps `pages` open
         return cls(dtype, data.reshape(shape))
 
     def float32(self) -> np.ndarray:
@@ -86,7 +96,8 @@ class Array:
     def to_torch(self):
         import torch
 
-        out = torch.from_numpy(np.ascontiguousarray(self.data))
+        data = self.data if self.data.flags.writeable else self.data.copy()  # a mapped file
+        out = torch.from_numpy(np.ascontiguousarray(data))
         return out.view(torch.bfloat16) if self.dtype is BFLOAT16 else out
 
 
