@@ -6,6 +6,7 @@ before."""
 import json
 import os
 import struct
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from test_convert import hand_built_skipv1, logits
 from transformers import AutoModelForCausalLM
 
 from skipv1.convert import writer
+from skipv1.convert.ahead import converted_ahead
 from skipv1.convert.arrays import Array
 from skipv1.convert.reader import FileRange
 from skipv1.units import BFLOAT16, dtype_named
@@ -118,3 +120,23 @@ def test_a_rewritten_tensor_is_read_mapped_with_its_bytes_and_a_short_file_is_an
         f.truncate(end - 1)
     with pytest.raises(RuntimeError, match="ended inside a tensor"):
         Array.read(path, end - 7000 * 3 * 2, BFLOAT16, (7000, 3))
+
+
+def test_rewrites_run_ahead_of_the_copies_before_them_in_order_and_raise_in_place():
+    started = threading.Event()
+
+    def convert(name, item):
+        started.set()
+        if item == "bad":
+            raise ValueError(name)
+        return item.upper()
+
+    items = [("c0", "copy"), ("r1", "x"), ("c2", "copy"), ("r3", "y"), ("c4", "copy")]
+    out = converted_ahead(items, lambda name: name.startswith("r"), convert)
+    assert next(out) == ("c0", "copy")
+    assert started.wait(timeout=10)  # r1 was converted while c0 was still being written
+    assert list(out) == [("r1", "X"), ("c2", "copy"), ("r3", "Y"), ("c4", "copy")]
+    failing = converted_ahead([("c0", "copy"), ("r1", "bad")], lambda n: n == "r1", convert)
+    assert next(failing) == ("c0", "copy")
+    with pytest.raises(ValueError, match="r1"):
+        next(failing)
