@@ -16,11 +16,15 @@ from safetensors.torch import save_file
 from test_convert import hand_built_skipv1, logits
 from transformers import AutoModelForCausalLM
 
-from skipv1.convert import writer
+from skipv1.convert import arrays, writer
 from skipv1.convert.ahead import converted_ahead
 from skipv1.convert.arrays import Array
 from skipv1.convert.reader import FileRange
 from skipv1.units import BFLOAT16, dtype_named
+
+
+def mmap_unsupported(*args, **kwargs):
+    raise OSError(19, "No such device")  # ENODEV: what mmap gives where a file system has none
 
 
 def raw_tensors(path: Path) -> dict[str, bytes]:
@@ -105,7 +109,12 @@ def test_a_source_that_shrank_is_an_error_not_a_short_tensor(tmp_path):
             writer.copy_range(FileRange(source, 50, 100), dst.fileno(), 0)
 
 
-def test_a_rewritten_tensor_is_read_mapped_with_its_bytes_and_a_short_file_is_an_error(tmp_path):
+@pytest.mark.parametrize("mapped", [True, False])  # False: a file system without mmap
+def test_a_rewritten_tensor_is_read_mapped_with_its_bytes_and_a_short_file_is_an_error(
+    tmp_path, monkeypatch, mapped
+):
+    if not mapped:
+        monkeypatch.setattr(arrays.mmap, "mmap", mmap_unsupported)
     tensors = {"a": torch.randn(3, 5), "b": torch.randn(7000, 3).to(torch.bfloat16)}
     path = tmp_path / "x.safetensors"
     save_file(tensors, path)

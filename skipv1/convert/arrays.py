@@ -44,7 +44,11 @@ class Array:
                 raise RuntimeError(f"{path} ended inside a tensor at byte {offset}: it changed")
             if count == 0:
                 return cls(dtype, np.empty(shape, dtype.storage))
-            pages = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ, offset=base)
+            try:
+                pages = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ, offset=base)
+            except OSError:  # a file system without mmap (some FUSE mounts): read it
+                data = np.fromfile(f, dtype.storage, count, offset=offset)
+                return cls(dtype, data.reshape(shape))
         data = np.frombuffer(pages, dtype.storage, count, offset - base)  # keeps `pages` open
         return cls(dtype, data.reshape(shape))
 
