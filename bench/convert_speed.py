@@ -3,10 +3,10 @@
 Writes a random Llama checkpoint of at least 2 GB in 3+ safetensors shards (directly with
 safetensors, no model is instantiated), then times `cp -r` of it and `skipv1 convert` of it,
 interleaved and repeated (the machine may be shared: the spread is reported), each a subprocess
-followed by `sync`; peak RSS of each convert child from wait4 (the source is written by another
-process, so that the children do not inherit its memory high-water mark). With `--baseline DIR`
-a second convert runs in the same rounds with DIR first on PYTHONPATH (e.g. `git archive` of an
-older commit), for a before/after on the same machine at the same time. Writes
+followed by `sync`; peak RSS and CPU seconds of each child from wait4 (the source is written by
+another process, so that the children do not inherit its memory high-water mark). With
+`--baseline DIR` a second convert runs in the same rounds with DIR first on PYTHONPATH (e.g.
+`git archive` of an older commit), for a before/after on the same machine at the same time. Writes
 docs/results/convert.md. Run from the repository root:
 
     .venv/bin/python bench/convert_speed.py [--workdir DIR] [--repeat N] [--baseline DIR] [--keep]
@@ -128,6 +128,7 @@ def timed(cmd: list[str], env: dict | None = None) -> dict:
         "sync": sync,
         "total": wall + sync,
         "rss": usage.ru_maxrss * 1024,
+        "cpu": usage.ru_utime + usage.ru_stime,  # the child's own CPU seconds: less load-bound
         "out": out,
     }
 
@@ -194,11 +195,13 @@ def run(work: Path, shard_size: str, repeat: int, baseline: Path | None) -> str:
 def report(runs, shard_size, src_bytes, n_shards, largest_shard, dst_bytes, bound) -> str:
     gb = 1e9
     cp = [r["total"] for r in runs["cp"]]
+    cp_cpu = [r["cpu"] for r in runs["cp"]]
     rows = [
         ("source", f"{src_bytes / gb:.2f} GB in {n_shards} shards (largest {largest_shard / gb:.2f} GB)"),
         ("output", f"{dst_bytes / gb:.2f} GB"),
         ("rounds (cp, then each convert, interleaved)", f"{len(cp)}"),
         ("`cp -r` + `sync`", spread(cp)),
+        ("`cp -r`, CPU seconds (user + sys, wait4)", spread(cp_cpu)),
     ]  # fmt: skip
     labels = {"convert": "this tree", "baseline": "baseline"}
     for kind in ("convert", "baseline"):
@@ -207,11 +210,15 @@ def report(runs, shard_size, src_bytes, n_shards, largest_shard, dst_bytes, boun
         total = [r["total"] for r in runs[kind]]
         inside = [json.loads(r["out"])["seconds"] for r in runs[kind]]
         ratio = [t / c for t, c in zip(total, cp, strict=True)]
+        cpu = [r["cpu"] for r in runs[kind]]
+        cpu_ratio = [c / p for c, p in zip(cpu, cp_cpu, strict=True)]
         rss = max(r["rss"] for r in runs[kind])
         rows += [
             (f"`skipv1 convert` + `sync`, {labels[kind]}", spread(total)),
             (f"of which the conversion itself (`seconds` in --json), {labels[kind]}", spread(inside)),
             (f"ratio convert / cp, end to end, {labels[kind]}", spread(ratio, "") + " (goal <= 1.5)"),
+            (f"convert CPU seconds (user + sys, wait4), {labels[kind]}", spread(cpu)),
+            (f"ratio of CPU seconds convert / cp, {labels[kind]}", spread(cpu_ratio, "")),
             (f"interpreter start and imports, {labels[kind]}", spread([t - i - r["sync"] for t, i, r in zip(total, inside, runs[kind], strict=True)])),
             (f"convert peak RSS (wait4 of the child, largest round), {labels[kind]}", f"{rss / gb:.2f} GB"),
             (f"peak RSS within bound, {labels[kind]}", "yes" if rss <= bound else "NO"),
@@ -225,7 +232,9 @@ def report(runs, shard_size, src_bytes, n_shards, largest_shard, dst_bytes, boun
         f"{SHAPE['heads']} MHA heads, vocab {SHAPE['vocab']}), then times `cp -r SRC COPY` and "
         f"`skipv1 convert SRC DST --json --init {INIT} --shard-size {shard_size}` (default "
         "s = 16), interleaved, each followed by `sync`, all from a page-cache-warm source. "
-        "Times are medians over the rounds, with the fastest and slowest round.",
+        "Times are medians over the rounds, with the fastest and slowest round; CPU seconds are "
+        "the child's own (start-up included, `sync` not), which another load on the machine "
+        "changes less than wall time.",
         "",
         f"Machine: {os.cpu_count()} CPUs ({platform.machine()}), LOAD; "
         f"Python {platform.python_version()}, torch {torch.__version__}.",

@@ -40,9 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
+from torchrun_ranks import REPO, rank_env, run_ranks
 
-REPO = Path(__file__).resolve().parents[1]
 SHAPE = dict(
     hidden_size=1024,
     intermediate_size=4096,
@@ -226,24 +225,23 @@ def main() -> None:
     if args.worker:
         return worker(args.recipe, args.out, args.shard_mb * MIB)
     load_before = os.getloadavg()[0]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env = rank_env()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         subprocess.run([sys.executable, __file__, "--build", str(root)], check=True, env=env)
         runs = {}
         for allocator, extra in ALLOCATORS.items():
             run_dir = root / f"run-{allocator}"
-            recipe_file = root / f"recipe-{allocator}.yaml"
-            recipe_file.write_text(yaml.safe_dump(recipe(root / "model", run_dir)))
             out = root / f"ranks-{allocator}.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-            cmd += [__file__, "--worker", "--recipe", str(recipe_file), "--out", str(out)]
-            cmd += ["--shard-mb", str(args.shard_mb)]
+            worker_args = ["--worker", "--out", str(out), "--shard-mb", str(args.shard_mb)]
             started = time.perf_counter()
-            run = subprocess.run(cmd, env={**env, **extra}, capture_output=True, text=True)
-            if run.returncode != 0:
-                sys.exit(f"the 2-rank run failed:\n{run.stderr[-4000:]}")
+            run_ranks(
+                __file__,
+                recipe(root / "model", run_dir),
+                root / f"recipe-{allocator}.yaml",
+                worker_args,
+                {**env, **extra},
+            )
             runs[allocator] = [
                 json.loads(out.with_name(f"{out.stem}-{r}.json").read_text()) for r in (0, 1)
             ]

@@ -14,15 +14,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import yaml
+from torchrun_ranks import REPO, rank_env, run_ranks
 
-REPO = Path(__file__).resolve().parents[1]
 SHAPE = dict(
     hidden_size=128,
     intermediate_size=256,
@@ -109,13 +107,9 @@ def worker(mode: str, recipe_file: Path, out: Path) -> None:
 
 def measure(name: str, mode: str, model: Path, root: Path) -> float:
     run_dir = root / f"run-{name}-{mode}-{time.monotonic_ns()}"
-    recipe_file = run_dir.with_suffix(".yaml")
-    recipe_file.write_text(yaml.safe_dump(recipe(model, run_dir)))
     out = run_dir.with_suffix(".json")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += [__file__, "--worker", mode, "--recipe", str(recipe_file), "--out", str(out)]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    subprocess.run(cmd, check=True, env=env, capture_output=True)
+    args = ["--worker", mode, "--out", str(out)]
+    run_ranks(__file__, recipe(model, run_dir), run_dir.with_suffix(".yaml"), args, rank_env())
     return json.loads(out.read_text())["tokens_per_s"]
 
 

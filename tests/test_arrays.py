@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from skipv1.convert import arrays
-from skipv1.convert.arrays import BY_NAME, Array, dtype_named
+from skipv1.convert.arrays import Array
+from skipv1.convert.inits import mean
 from skipv1.convert.inits.mean import init_mean
+from skipv1.units import BY_NAME, dtype_named
 
 DTYPES = ("bfloat16", "float16", "float32", "float64")
 
@@ -82,7 +84,9 @@ def test_nan_stays_nan_with_torchs_bits_on_this_cpu(target):
         (8, 7, (8 * 2, 5)),
     ],
 )
-def test_numpy_mean_equals_torchs_bit_for_bit(dtype, kv, s, shape):
+@pytest.mark.parametrize("block", [7, 1 << 16])  # many blocks, the last partial; one block
+def test_numpy_mean_equals_torchs_bit_for_bit(dtype, kv, s, shape, block, monkeypatch):
+    monkeypatch.setattr(mean, "MEAN_BLOCK", block)
     g = torch.Generator().manual_seed(kv * 100 + s)
     t = (
         torch.randn(shape, generator=g) * 10 ** torch.empty(shape).uniform_(-4, 4, generator=g)

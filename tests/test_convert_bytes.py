@@ -6,6 +6,7 @@ before."""
 import json
 import os
 import struct
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,15 @@ from safetensors.torch import save_file
 from test_convert import hand_built_skipv1, logits
 from transformers import AutoModelForCausalLM
 
-from skipv1.convert import writer
-from skipv1.convert.arrays import dtype_named
+from skipv1.convert import arrays, writer
+from skipv1.convert.ahead import converted_ahead
+from skipv1.convert.arrays import Array
 from skipv1.convert.reader import FileRange
+from skipv1.units import BFLOAT16, dtype_named
+
+
+def mmap_unsupported(*args, **kwargs):
+    raise OSError(19, "No such device")  # ENODEV: what mmap gives where a file system has none
 
 
 def raw_tensors(path: Path) -> dict[str, bytes]:
@@ -100,3 +107,45 @@ def test_a_source_that_shrank_is_an_error_not_a_short_tensor(tmp_path):
     with open(tmp_path / "target", "wb") as dst:
         with pytest.raises(RuntimeError, match="ended before byte 150"):
             writer.copy_range(FileRange(source, 50, 100), dst.fileno(), 0)
+
+
+@pytest.mark.parametrize("mapped", [True, False])  # False: a file system without mmap
+def test_a_rewritten_tensor_is_read_mapped_with_its_bytes_and_a_short_file_is_an_error(
+    tmp_path, monkeypatch, mapped
+):
+    if not mapped:
+        monkeypatch.setattr(arrays.mmap, "mmap", mmap_unsupported)
+    tensors = {"a": torch.randn(3, 5), "b": torch.randn(7000, 3).to(torch.bfloat16)}
+    path = tmp_path / "x.safetensors"
+    save_file(tensors, path)
+    (length,) = struct.unpack("<Q", path.read_bytes()[:8])
+    header = json.loads(path.read_bytes()[8 : 8 + length])
+    for name, tensor in tensors.items():
+        at = 8 + length + header[name]["data_offsets"][0]
+        array = Array.read(path, at, dtype_named(tensor.dtype), tuple(tensor.shape))
+        assert torch.equal(array.to_torch(), tensor)
+    end = 8 + length + header["b"]["data_offsets"][1]
+    with open(path, "r+b") as f:
+        f.truncate(end - 1)
+    with pytest.raises(RuntimeError, match="ended inside a tensor"):
+        Array.read(path, end - 7000 * 3 * 2, BFLOAT16, (7000, 3))
+
+
+def test_rewrites_run_ahead_of_the_copies_before_them_in_order_and_raise_in_place():
+    started = threading.Event()
+
+    def convert(name, item):
+        started.set()
+        if item == "bad":
+            raise ValueError(name)
+        return item.upper()
+
+    items = [("c0", "copy"), ("r1", "x"), ("c2", "copy"), ("r3", "y"), ("c4", "copy")]
+    out = converted_ahead(items, lambda name: name.startswith("r"), convert)
+    assert next(out) == ("c0", "copy")
+    assert started.wait(timeout=10)  # r1 was converted while c0 was still being written
+    assert list(out) == [("r1", "X"), ("c2", "copy"), ("r3", "Y"), ("c4", "copy")]
+    failing = converted_ahead([("c0", "copy"), ("r1", "bad")], lambda n: n == "r1", convert)
+    assert next(failing) == ("c0", "copy")
+    with pytest.raises(ValueError, match="r1"):
+        next(failing)

@@ -22,7 +22,9 @@ from ..console import byte_progress, console
 from ..errors import SkipV1Error
 from ..families import family_of
 from ..smollm2 import smollm2_gguf_path
-from .arrays import BFLOAT16, BY_NAME, Array, DType
+from ..units import BFLOAT16, BY_NAME, DType
+from .ahead import converted_ahead
+from .arrays import Array
 from .companions import companion_files, copy_companions, copy_modeling_code
 from .config import ConfigChange, skipv1_config, sliding_window_active
 from .fused import has_bare_names
@@ -326,16 +328,21 @@ def converted_tensors(
         and plan.init_method.takes_arrays
         and plan.source.qkv_layout is None
     )
-    for name, tensor in iter_tensors(prepared.weights, set(prepared.order), raw, arrays):
-        if name in raw:
-            yield name, tensor
-            continue
+
+    def convert(name: str, tensor):
         if calibration is not None and plan.tasks[name].action in (REWRITE_V, CALIBRATE):
             tensor = calibration.transform(name, tensor)
         elif plan.tasks[name].action == REWRITE_V:
             tensor = plan.rewrite_values(name, tensor)
         target = prepared.target_dtype[name]
-        yield name, tensor.to(target) if isinstance(tensor, Array) else tensor.to(target.torch)
+        return tensor.to(target) if isinstance(tensor, Array) else tensor.to(target.torch)
+
+    tensors = iter_tensors(prepared.weights, set(prepared.order), raw, arrays)
+    if arrays:  # numpy work overlaps the copies (torch's own threads already use the CPUs)
+        yield from converted_ahead(tensors, lambda name: name not in raw, convert)
+        return
+    for name, tensor in tensors:
+        yield name, tensor if name in raw else convert(name, tensor)
 
 
 def write_output(

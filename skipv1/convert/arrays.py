@@ -1,5 +1,5 @@
-"""Checkpoint tensors without torch: the float dtypes by name, and `Array`, a tensor's bytes as a
-numpy array, with the casts `convert` needs done exactly as torch does them.
+"""Checkpoint tensors without torch: `Array`, a tensor's bytes as a numpy array (its dtype from
+skipv1.units' table), with the casts `convert` needs done exactly as torch does them.
 
 `convert --init keep/mean` of a safetensors source works on these, so that it never imports
 torch (seconds of start-up on a conversion that otherwise runs at disk speed). numpy has no
@@ -8,42 +8,16 @@ bfloat16: a bfloat16 tensor is held as its uint16 bit patterns, widened to float
 torch's CPU cast gives it. tests/test_arrays.py pins every cast against torch bit for bit."""
 
 import math
+import mmap
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..units import BFLOAT16, FLOAT16, FLOAT64, DType, dtype_named
 
-@dataclass(frozen=True)
-class DType:
-    name: str  # torch's and config.json's spelling: "bfloat16"
-    code: str  # safetensors': "BF16"
-    itemsize: int
-    storage: str  # the numpy dtype its bytes are held as
-
-    def __str__(self) -> str:
-        return self.name
-
-    @property
-    def torch(self):
-        import torch
-
-        return getattr(torch, self.name)
-
-
-FLOAT64 = DType("float64", "F64", 8, "<f8")
-FLOAT32 = DType("float32", "F32", 4, "<f4")
-FLOAT16 = DType("float16", "F16", 2, "<f2")
-BFLOAT16 = DType("bfloat16", "BF16", 2, "<u2")
-DTYPES = (FLOAT64, FLOAT32, FLOAT16, BFLOAT16)
-BY_CODE = {d.code: d for d in DTYPES}
-BY_NAME = {d.name: d for d in DTYPES}
-CAST_BLOCK = 1 << 22  # elements per step of a cast
-
-
-def dtype_named(name: str) -> DType:
-    """The DType of a torch dtype (or its name): `torch.bfloat16` -> BFLOAT16; KeyError if none."""
-    return BY_NAME[str(name).removeprefix("torch.")]
+CAST_BLOCK = 1 << 18  # elements per step of a cast: the temporaries stay in the CPU cache
 
 
 @dataclass(frozen=True)
@@ -59,11 +33,23 @@ class Array:
 
     @classmethod
     def read(cls, path: Path, offset: int, dtype: DType, shape: tuple[int, ...]) -> "Array":
-        """The tensor at byte `offset` of a safetensors file (little-endian, C order)."""
+        """The tensor at byte `offset` of a safetensors file (little-endian, C order), as a
+        read-only view of the file's pages in the page cache: mapped, not read (a read() into
+        a fresh array costs a copy and page faults on every byte)."""
         count = math.prod(shape)
-        data = np.fromfile(path, dtype=dtype.storage, count=count, offset=offset)
-        if data.size != count:
-            raise RuntimeError(f"{path} ended inside a tensor at byte {offset}: it changed")
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        length = offset - base + count * np.dtype(dtype.storage).itemsize
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < base + length:  # mapped past the end: SIGBUS
+                raise RuntimeError(f"{path} ended inside a tensor at byte {offset}: it changed")
+            if count == 0:
+                return cls(dtype, np.empty(shape, dtype.storage))
+            try:
+                pages = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ, offset=base)
+            except OSError:  # a file system without mmap (some FUSE mounts): read it
+                data = np.fromfile(f, dtype.storage, count, offset=offset)
+                return cls(dtype, data.reshape(shape))
+        data = np.frombuffer(pages, dtype.storage, count, offset - base)  # keeps `pages` open
         return cls(dtype, data.reshape(shape))
 
     def float32(self) -> np.ndarray:
@@ -114,7 +100,8 @@ class Array:
     def to_torch(self):
         import torch
 
-        out = torch.from_numpy(np.ascontiguousarray(self.data))
+        data = self.data if self.data.flags.writeable else self.data.copy()  # a mapped file
+        out = torch.from_numpy(np.ascontiguousarray(data))
         return out.view(torch.bfloat16) if self.dtype is BFLOAT16 else out
 
 

@@ -122,12 +122,9 @@ def calibrate(
         skip_heads,
         whole_qk_norms=family_of_config(config).qk_norm_scope == "projection",
     )
-    hidden = embed_inputs(config, load, input_ids).to(device)
-    tables = rotary_tables(config, hidden)
+    hidden, layers = source_layers(config, load, input_ids, device)
     first_values = None
-    for i in range(config.num_hidden_layers):
-        layer = _load_layer(config, load, i).to(device)
-        cos, sin = tables[i]
+    for i, layer, (cos, sin) in layers:
         stats = _GramStats(config, skip_heads, device) if i > 0 and skip_heads > 0 else None
         outputs, values = [], []
         for start in range(0, hidden.shape[0], batch_size):
@@ -258,14 +255,30 @@ def _load_layer(config: SkipV1LlamaConfig, load: LoadTensors, i: int):
     return layer.eval()
 
 
+def source_layers(
+    config, load: LoadTensors, input_ids: torch.Tensor, device: "str | torch.device" = "cpu"
+) -> tuple[torch.Tensor, Iterator[tuple[int, torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]]]:
+    """How every layer-by-layer pass over the source starts (calibrated, reconstruct and their
+    reference forwards): the calibration tokens' input embeddings on `device`, and
+    (i, decoder layer i on `device`, its RoPE (cos, sin)) for each layer in turn, each layer
+    loaded only when the loop reaches it, so one layer's weights are in memory at a time."""
+    hidden = embed_inputs(config, load, input_ids).to(device)
+    tables = rotary_tables(config, hidden)
+    layers = (
+        (i, _load_layer(config, load, i).to(device), tables[i])
+        for i in range(config.num_hidden_layers)
+    )
+    return hidden, layers
+
+
 @torch.no_grad()
 def source_hidden_states(config, load: LoadTensors, input_ids: torch.Tensor) -> list[torch.Tensor]:
     """The source's residual stream after each layer as the calibrated init computes it (its
     hand-written forward); the model's own forward gives the same (tests/test_gemma.py)."""
-    hidden = embed_inputs(config, load, input_ids)
-    tables, states = rotary_tables(config, hidden), []
-    for i in range(config.num_hidden_layers):
-        hidden, _ = _layer_forward(_load_layer(config, load, i), hidden, *tables[i], None, None)
+    hidden, layers = source_layers(config, load, input_ids)
+    states = []
+    for _, layer, (cos, sin) in layers:
+        hidden, _ = _layer_forward(layer, hidden, cos, sin, None, None)
         states.append(hidden)
     return states
 

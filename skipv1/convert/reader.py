@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from safetensors import SafetensorError, safe_open
 
 from ..errors import SkipV1Error
-from .arrays import BY_CODE, Array, DType, dtype_named
+from ..units import BY_CODE, DType, dtype_named
+from .arrays import Array
 
 if TYPE_CHECKING:
     import torch

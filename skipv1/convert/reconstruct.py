@@ -42,7 +42,6 @@ from .calibrate import (
     RIDGE_GRID,
     LoadTensors,
     _GramStats,
-    _load_layer,
     _take_heads,
     add_attention,
     add_mlp,
@@ -50,11 +49,10 @@ from .calibrate import (
     attention_input,
     attention_output_norm,
     attention_probs,
-    embed_inputs,
     family_of_config,
     mlp_input,
     mlp_output_norm,
-    rotary_tables,
+    source_layers,
 )
 
 METHOD = (
@@ -215,12 +213,10 @@ def reconstruct(
     """Fits every later layer; `config` describes the source (its skip_v_heads must be 0)."""
     result = Reconstruction()
     own = config.num_key_value_heads - skip_heads
-    hidden = embed_inputs(config, load, input_ids).to(device)
-    tables = rotary_tables(config, hidden)
-    cos, sin = tables[0]
+    hidden, layers = source_layers(config, load, input_ids, device)
     batches = _batches(hidden.shape[0], batch_size)
     # Layer 0 is unchanged: both streams leave it equal; its values are what later layers borrow.
-    layer = _load_layer(config, load, 0).to(device)
+    _, layer, (cos, sin) = next(layers)
     first = _Attention(layer, list(range(config.num_key_value_heads)), config.num_key_value_heads)
     borrowed = torch.cat([_values(first, hidden[b])[:, own:] for b in batches])
     source = torch.cat(
@@ -229,9 +225,8 @@ def reconstruct(
     converted = source
     if on_layer:
         on_layer(0)
-    for i in range(1, config.num_hidden_layers):
-        layer = _load_layer(config, load, i).to(device)
-        fit = _LayerFit(layer, config, skip_heads, *tables[i], batches)
+    for i, layer, (cos, sin) in layers:
+        fit = _LayerFit(layer, config, skip_heads, cos, sin, batches)
         source, converted, result.layers[i] = fit.run(source, converted, borrowed)
         prefix = f"model.layers.{i}."
         for name, tensor in fit.tensors().items():
@@ -246,13 +241,11 @@ def reconstruct(
 def source_hidden_states(config, load: LoadTensors, input_ids: torch.Tensor) -> list[torch.Tensor]:
     """The source stream of the reconstruct init after each layer (its own attention and MLP
     written out); the model's own forward gives the same (tests/test_gemma.py)."""
-    hidden = embed_inputs(config, load, input_ids)
-    tables, states = rotary_tables(config, hidden), []
-    kv = config.num_key_value_heads
-    for i in range(config.num_hidden_layers):
-        layer = _load_layer(config, load, i)
+    hidden, layers = source_layers(config, load, input_ids)
+    states, kv = [], config.num_key_value_heads
+    for _, layer, (cos, sin) in layers:
         attn = _Attention(layer, list(range(kv)), kv)
-        hidden = _mlp(layer, add_attention(layer, hidden, attn(hidden, *tables[i])))
+        hidden = _mlp(layer, add_attention(layer, hidden, attn(hidden, cos, sin)))
         states.append(hidden)
     return states
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .arrays import Array, DType, dtype_named
+from ..units import DType, dtype_named
+from .arrays import Array
 from .plan import shard_file_names
 from .reader import FileRange
 
@@ -165,41 +166,40 @@ def copy_range(src: FileRange, fd: int, at: int) -> None:
 def _copy_file_range(src: int, dst: int, src_at: int, dst_at: int, count: int, done: int) -> int:
     if not hasattr(os, "copy_file_range"):
         return done
-    try:
-        while done < count:
-            n = os.copy_file_range(src, dst, count - done, src_at + done, dst_at + done)
-            if n == 0:
-                break
-            done += n
-    except OSError as err:
-        if err.errno not in NO_KERNEL_COPY:
-            raise
-    return done
+    step = lambda at: os.copy_file_range(src, dst, count - at, src_at + at, dst_at + at)  # noqa: E731
+    return _repeat(step, count, done, NO_KERNEL_COPY)
 
 
 def _sendfile(src: int, dst: int, src_at: int, dst_at: int, count: int, done: int) -> int:
     if not hasattr(os, "sendfile"):
         return done
-    try:
-        os.lseek(dst, dst_at + done, os.SEEK_SET)  # sendfile writes at the file position
-        while done < count:
-            n = os.sendfile(dst, src, src_at + done, count - done)
-            if n == 0:
-                break
-            done += n
-    except OSError as err:
-        if err.errno not in NO_KERNEL_COPY:
-            raise
-    return done
+    os.lseek(dst, dst_at + done, os.SEEK_SET)  # sendfile writes at the file position
+    step = lambda at: os.sendfile(dst, src, src_at + at, count - at)  # noqa: E731
+    return _repeat(step, count, done, NO_KERNEL_COPY)
 
 
 def _buffered(src: int, dst: int, src_at: int, dst_at: int, count: int, done: int) -> int:
-    while done < count:
-        block = os.pread(src, min(BUFFER_BYTES, count - done), src_at + done)
-        if not block:
-            break
-        _pwrite_all(dst, memoryview(block), dst_at + done)
-        done += len(block)
+    def step(at: int) -> int:
+        block = os.pread(src, min(BUFFER_BYTES, count - at), src_at + at)
+        _pwrite_all(dst, memoryview(block), dst_at + at)
+        return len(block)
+
+    return _repeat(step, count, done, frozenset())
+
+
+def _repeat(step, count: int, done: int, unsupported) -> int:
+    """Bytes done after calling `step(done)` (it returns the bytes it moved) until `count` are
+    done or the source ends (a step moves 0); an OSError whose errno is in `unsupported` means
+    "not this way" and stops the loop, where the next way takes over."""
+    try:
+        while done < count:
+            moved = step(done)
+            if moved == 0:
+                break
+            done += moved
+    except OSError as err:
+        if err.errno not in unsupported:
+            raise
     return done
 
 

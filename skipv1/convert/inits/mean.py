@@ -6,6 +6,7 @@ from .base import Init, register, split_heads, value_head_groups
 # up to 4 heads (any s <= 3/4 of the KV heads; tests/test_arrays.py); larger groups, where
 # torch's order depends on its kernels, go through torch so the output stays torch's.
 NUMPY_GROUP_LIMIT = 4
+MEAN_BLOCK = 1 << 18  # elements of a head summed per step (float32: 1 MB, cache-sized)
 
 
 @register
@@ -31,15 +32,21 @@ def init_mean(tensor, num_kv_heads: int, skip_heads: int):
         return Array.from_torch(_torch_mean(tensor.to_torch(), num_kv_heads, groups))
     import numpy as np
 
-    heads = split_heads(tensor.float32(), num_kv_heads)
-    own = np.zeros((len(groups), *heads.shape[1:]), np.float32)  # +0.0, where torch starts
+    # Head h is a contiguous run of the tensor; the sum goes a block of each head at a time, so
+    # the float32 temporaries stay in the CPU cache (4x faster than whole-tensor passes).
+    heads = split_heads(np.ascontiguousarray(tensor.data), num_kv_heads).reshape(num_kv_heads, -1)
+    per_head = heads.shape[1]
+    own = np.empty((len(groups), per_head), tensor.dtype.storage)
     with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN as in torch, unwarned
         for j, group in enumerate(groups):
-            for head in group:
-                own[j] += heads[head]
-            own[j] /= np.float32(len(group))
-    rows = Array.from_float32(own, tensor.dtype)
-    return Array(rows.dtype, rows.data.reshape(-1, *tensor.shape[1:]))
+            for start in range(0, per_head, MEAN_BLOCK):
+                stop = min(start + MEAN_BLOCK, per_head)
+                total = np.zeros(stop - start, np.float32)  # +0.0, where torch starts
+                for head in group:
+                    total += Array(tensor.dtype, heads[head, start:stop]).float32()
+                total /= np.float32(len(group))
+                own[j, start:stop] = Array.from_float32(total, tensor.dtype).data
+    return Array(tensor.dtype, own.reshape(-1, *tensor.shape[1:]))
 
 
 def _torch_mean(tensor, num_kv_heads: int, groups):
