@@ -121,6 +121,7 @@ LLAMA = Family(
     "llama",
     "Llama",
     {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"},
+    keeps_sliding_window=True,  # Mistral's and Qwen2's windows, as explicit layer_types
 )
 QWEN3 = Family(
     "qwen3",
