@@ -517,7 +517,14 @@ def run(recipe: Recipe) -> None:
             raise PeerLost(trainer.peer_lost_message(err)) from None
         raise
     if dist.is_initialized():
-        dist.destroy_process_group()
+        # through DeepSpeed, which then forgets the groups it built on this one: a second run in
+        # the same process (a notebook, a test) would otherwise reuse destroyed groups
+        from deepspeed.comm import comm as ds_comm
+
+        if ds_comm.cdb is not None:
+            ds_comm.destroy_process_group()
+        else:
+            dist.destroy_process_group()
 
 
 class PeerLost(SkipV1Error):
