@@ -5,6 +5,7 @@ the run, `inspect` and `eval` the export (perplexity on a tiny local text, measu
 the export loads with the Auto classes and gives finite logits."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.distributed
 # family's sliding window (a Mistral whose window is shorter than the sequences)
 CASES = {f.name: (f.name, next(iter(f.sources.values())), {}) for f in FAMILIES}
 CASES["mistral-window"] = ("llama", "mistral", {"sliding_window": 8})
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,11 @@ def test_inspect_uptrain_export_and_eval_work_for_the_family(
     }
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     run, export = tmp_path / "run", tmp_path / "export"
+    before = {key: os.environ.get(key) for key in RENDEZVOUS}
     _ok(cli("uptrain", tmp_path / "recipe.yaml", "--run-dir", run, "--quiet"))
+    # the run's 1-rank group set these in this process and unset them: processes started later
+    # must not inherit its port (still bound)
+    assert {key: os.environ.get(key) for key in RENDEZVOUS} == before
     losses = [r["loss"] for r in read_metrics(run) if "loss" in r]
     assert len(losses) == 2 and all(0 < loss < 20 for loss in losses)
     _ok(cli("export", run, export))

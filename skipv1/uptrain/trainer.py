@@ -32,6 +32,7 @@ from .engine import (
     make_optimizer,
     offloads_optimizer,
     peer_failure,
+    release_distributed,
     zero_stage,
 )
 from .export import SHARD_BYTES, iter_live_weights, write_export
@@ -516,15 +517,7 @@ def run(recipe: Recipe) -> None:
         if trainer.env.world_size > 1 and peer_failure(err):
             raise PeerLost(trainer.peer_lost_message(err)) from None
         raise
-    if dist.is_initialized():
-        # through DeepSpeed, which then forgets the groups it built on this one: a second run in
-        # the same process (a notebook, a test) would otherwise reuse destroyed groups
-        from deepspeed.comm import comm as ds_comm
-
-        if ds_comm.cdb is not None:
-            ds_comm.destroy_process_group()
-        else:
-            dist.destroy_process_group()
+    release_distributed()
 
 
 class PeerLost(SkipV1Error):
