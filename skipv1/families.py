@@ -65,7 +65,7 @@ class Family:
     sources: dict[str, str]  # source architecture -> source kind
     qk_norm: bool = False  # RMSNorm on each head's queries and keys (q_norm, k_norm)
     # A source with an active sliding window: True refuses it, False converts it with the
-    # context clamped to the window (exact within it).
+    # context clamped to the window (exact within it), unless the family keeps it (below).
     refuse_sliding_window: bool = False
     # Sliding-window layers kept as the source has them (layer_types): the SkipV1 cache holds
     # layer 0's borrowed value heads for the full context (modeling_skipv1_core).
@@ -121,6 +121,7 @@ LLAMA = Family(
     "llama",
     "Llama",
     {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"},
+    keeps_sliding_window=True,  # Mistral's and Qwen2's windows, as explicit layer_types
 )
 QWEN3 = Family(
     "qwen3",

@@ -246,32 +246,6 @@ def test_overwrite_replaces_an_existing_destination(checkpoint, tmp_path, conver
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]
 
 
-@pytest.mark.parametrize(
-    ("arch", "overrides"),
-    [
-        ("mistral", dict(sliding_window=64)),
-        ("qwen2", dict(sliding_window=64, use_sliding_window=True, max_window_layers=1)),
-    ],
-)
-def test_active_sliding_window_clamps_context_warns_and_records(
-    checkpoint, tmp_path, arch, overrides, cli
-):
-    src = checkpoint(arch=arch, num_key_value_heads=2, **overrides)
-    result = cli("convert", src, tmp_path / "dst", "--init", "keep", "--quiet")
-    assert result.exit_code == 0, result.output
-    assert "warning" in result.stderr and "max_position_embeddings" in result.stderr
-    config = json.loads((tmp_path / "dst" / "config.json").read_text())
-    assert config["max_position_embeddings"] == 64 and config["sliding_window"] is None
-    assert not {"layer_types", "use_sliding_window", "max_window_layers"} & set(config)
-    record = json.loads((tmp_path / "dst" / "skipv1_conversion.json").read_text())
-    assert any("max_position_embeddings" in w for w in record["warnings"])
-    fields = {c["field"] for c in record["config_changes"]}
-    assert {"max_position_embeddings", "sliding_window"} <= fields
-    # Within the window the converted model is exactly the hand-built one.
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "dst", trust_remote_code=True).eval()
-    torch.testing.assert_close(logits(model), logits(hand_built_skipv1(src, 1)), rtol=0, atol=0)
-
-
 def test_source_with_custom_code_converts_with_trust_remote_code(checkpoint, tmp_path, converted):
     src = checkpoint()
     config = json.loads((src / "config.json").read_text())

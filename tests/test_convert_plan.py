@@ -197,8 +197,53 @@ def test_sliding_window_is_active_only_when_some_layer_uses_a_short_window(overr
     assert sliding_window_active(llama_config(**overrides)) is active
 
 
-def test_active_sliding_window_clamps_the_context_to_the_window():
-    source = llama_config(architectures=["MistralForCausalLM"], sliding_window=128)
+@pytest.mark.parametrize(
+    ("overrides", "types"),
+    [
+        ({"architectures": ["MistralForCausalLM"]}, ["sliding_attention"] * 3),
+        (
+            {
+                "architectures": ["Qwen2ForCausalLM"],
+                "use_sliding_window": True,
+                "max_window_layers": 1,
+            },
+            ["full_attention"] + ["sliding_attention"] * 2,
+        ),
+        (
+            {
+                "architectures": ["Qwen2ForCausalLM"],
+                "use_sliding_window": True,
+                "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            },
+            ["sliding_attention", "full_attention", "sliding_attention"],
+        ),
+    ],
+)
+def test_active_sliding_window_of_mistral_and_qwen2_is_kept_per_layer(overrides, types):
+    source = llama_config(sliding_window=128, **overrides)
+    out, changes = skipv1_config(source, make_plan(source), dtype=None)
+    assert out["max_position_embeddings"] == 256 and out["sliding_window"] == 128
+    assert out["layer_types"] == types
+    for key in ("use_sliding_window", "max_window_layers"):
+        assert out.get(key) == source.get(key)  # the source's own fields stay
+    assert "max_position_embeddings" not in {c.field for c in changes}
+
+
+def test_active_sliding_window_of_mixtral_clamps_the_context_to_the_window():
+    source = llama_config(
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=128,
+    )
     out, changes = skipv1_config(source, make_plan(source), dtype=None)
     assert out["max_position_embeddings"] == 128 and out["sliding_window"] is None
     assert any(c.field == "max_position_embeddings" and c.before == 256 for c in changes)
+
+
+def test_a_stray_sliding_window_of_a_llama_source_is_dropped():
+    source = llama_config(sliding_window=128)  # transformers' Llama has no windows
+    assert not sliding_window_active(source)
+    out, _ = skipv1_config(source, make_plan(source), dtype=None)
+    assert out["sliding_window"] is None and "layer_types" not in out

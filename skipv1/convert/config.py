@@ -5,11 +5,14 @@ import importlib.metadata
 from dataclasses import dataclass
 
 from ..checkpoint_info import SOURCE_ARCHITECTURES
+from ..families import LLAMA
+from ..modeling.layout import layer_types
 from . import fused
 from .plan import ConversionPlan
 
 # Fields that switch on sliding-window masks in transformers; the families that do not keep
-# sliding-window layers (Family.keeps_sliding_window) attend over the full context only.
+# sliding-window layers (Family.keeps_sliding_window) attend over the full context only, and so
+# does one that keeps them where the source's window is not active.
 SLIDING_FIELDS = ("layer_types", "use_sliding_window", "max_window_layers")
 # Sources whose window applies only with `use_sliding_window` (and then per `max_window_layers`).
 WINDOW_FLAG_SOURCES = ("qwen2", "qwen3", "qwen3_moe")
@@ -35,7 +38,10 @@ def sliding_window_active(config: dict) -> bool:
     max_pos = config.get("max_position_embeddings")
     if window is None or (isinstance(max_pos, int) and window >= max_pos):
         return False
-    if SOURCE_ARCHITECTURES.get(_arch(config)) not in WINDOW_FLAG_SOURCES:
+    kind = SOURCE_ARCHITECTURES.get(_arch(config))
+    if kind == "llama":  # transformers' Llama has no windows: a stray field changes nothing
+        return False
+    if kind not in WINDOW_FLAG_SOURCES:
         return True
     if not config.get("use_sliding_window", False):
         return False
@@ -78,7 +84,12 @@ def skipv1_config(
     if qkv is not None:
         split = fused.split_record(qkv, plan.source, plan.skip_heads)
         put("fused_qkv_split", split, "later layers' fused q/k/v tensors hold fewer value rows")
-    if not family.keeps_sliding_window:  # Gemma keeps its sliding-window layers as they are
+    if family is LLAMA and sliding_window_active(source):
+        # Mistral's / Qwen2's windows kept, stated per layer (the SkipV1 config reads layer_types)
+        types = layer_types(source)
+        put("layer_types", types, "the source's sliding-window layers, one entry per layer")
+    elif not family.keeps_sliding_window or family is LLAMA:
+        # Gemma keeps its fields as they are (its layer types are its architecture's)
         _drop_sliding_window(source, out, put, drop)
     if dtype is not None:
         put("dtype", dtype, "--dtype")

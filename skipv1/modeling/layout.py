@@ -4,7 +4,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..families import LLAMA, family_of
+from ..families import LLAMA, SOURCE_ARCHITECTURES, family_of
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,35 @@ class KVLayout:
         return replace(self, skip_v_heads=skip_v_heads)
 
 
-# model_type -> layer_types a config.json without them gets from transformers (Gemma 2: sliding
-# and global layers alternate; Gemma 3: a global layer every `sliding_window_pattern`, default 6).
+# layer_types a config.json without them gets from transformers (Gemma 2: sliding and global
+# layers alternate; Gemma 3: a global layer every `sliding_window_pattern`, default 6; Mistral:
+# every layer slides when `sliding_window` is set; Qwen2: with `use_sliding_window`, the layers
+# from `max_window_layers` on).
 def _default_layer_types(config: dict) -> list[str]:
     family = family_of(config)
     if family is None or not family.keeps_sliding_window:
         return []
-    period = 2 if family.name == "gemma2" else config.get("sliding_window_pattern", 6)
     layers = config.get("num_hidden_layers") or 0
-    return ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(layers)]
+    if family is LLAMA:
+        first = _first_sliding_layer(config)
+        return [] if first is None else [_type(i >= first) for i in range(layers)]
+    period = 2 if family.name == "gemma2" else config.get("sliding_window_pattern", 6)
+    return [_type((i + 1) % period) for i in range(layers)]
+
+
+def _type(sliding: bool) -> str:
+    return "sliding_attention" if sliding else "full_attention"
+
+
+def _first_sliding_layer(config: dict) -> int | None:
+    """A Llama-family config's first sliding-window layer (None: none slides)."""
+    kind = SOURCE_ARCHITECTURES.get((config.get("architectures") or [None])[0])
+    kind = kind or config.get("model_type")
+    if config.get("sliding_window") is None or kind == "llama":  # Llama has no windows
+        return None
+    if kind == "qwen2":
+        return config.get("max_window_layers", 28) if config.get("use_sliding_window") else None
+    return 0  # Mistral, and a SkipV1 Llama config (SkipV1LlamaConfig's rule)
 
 
 def layer_types(config: Any) -> list[str]:

@@ -77,17 +77,29 @@ def check_build_lock() -> None:
     )
 
 
+# The rendezvous variables init_distributed set for a run in this process (no launcher's):
+# unset when the run ends, so that processes started afterwards (which inherit the environment)
+# pick their own port instead of this process's, still bound.
+_SET_VARIABLES: list[str] = []
+
+
 def init_distributed(env: DistEnv, timeout_s: int = 600) -> None:
     """NCCL on GPUs, gloo on CPU; a single process still gets a (1-rank) group for DeepSpeed.
     A collective that waits `timeout_s` (a peer died) raises instead of hanging."""
     import deepspeed
     import torch.distributed as dist
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    os.environ.setdefault("RANK", str(env.rank))
-    os.environ.setdefault("WORLD_SIZE", str(env.world_size))
-    os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
+    rendezvous = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(29500 + os.getpid() % 1000),
+        "RANK": str(env.rank),
+        "WORLD_SIZE": str(env.world_size),
+        "LOCAL_RANK": str(env.local_rank),
+    }
+    for key, value in rendezvous.items():  # a launcher's own settings win
+        if key not in os.environ:
+            os.environ[key] = value
+            _SET_VARIABLES.append(key)
     if env.device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
         if "OMP_NUM_THREADS" not in os.environ:  # an explicit setting is the user's to make
@@ -105,6 +117,22 @@ def init_distributed(env: DistEnv, timeout_s: int = 600) -> None:
     if not dist.is_initialized():
         backend = "nccl" if env.device.type == "cuda" else "gloo"
         deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
+
+
+def release_distributed() -> None:
+    """Ends the process group through DeepSpeed, which then forgets the groups it built on it (a
+    second run in the same process, a notebook or a test, would otherwise reuse destroyed ones),
+    and unsets the variables init_distributed set."""
+    import torch.distributed as dist
+    from deepspeed.comm import comm as ds_comm
+
+    if dist.is_initialized():
+        if ds_comm.cdb is not None:
+            ds_comm.destroy_process_group()
+        else:
+            dist.destroy_process_group()
+    while _SET_VARIABLES:
+        os.environ.pop(_SET_VARIABLES.pop(), None)
 
 
 def deepspeed_config(recipe: Recipe, world_size: int, load_universal: bool = False) -> dict:

@@ -33,6 +33,7 @@ from .engine import (
     make_optimizer,
     offloads_optimizer,
     peer_failure,
+    release_distributed,
     zero_stage,
 )
 from .export import SHARD_BYTES, iter_live_weights, write_export
@@ -518,8 +519,7 @@ def run(recipe: Recipe) -> None:
         if trainer.env.world_size > 1 and peer_failure(err):
             raise PeerLost(trainer.peer_lost_message(err)) from None
         raise
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    release_distributed()
 
 
 class PeerLost(SkipV1Error):
