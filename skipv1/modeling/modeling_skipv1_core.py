@@ -447,6 +447,14 @@ class SkipV1PreTrainedMixin:
         use_skipv1_static_layers(cache, self.config)
         return cache
 
+    @classmethod
+    def _can_set_experts_implementation(cls) -> bool:
+        # transformers looks for its experts decorator in the model class's own module source;
+        # a MoE family's experts are the stock ones (grouped_mm by default, fullgraph-compilable),
+        # so ask the family's stock class, not this file (which would fall back to the eager loop)
+        stock = next(c for c in cls.__mro__ if c.__module__.startswith("transformers.models."))
+        return stock._can_set_experts_implementation()
+
     def init_continuous_batching(self, *args, **kwargs):
         # transformers' sliding-window page allocator sizes every layer's value pages for n_kv
         # heads and keeps only the window of layer 0, which later global layers borrow from
