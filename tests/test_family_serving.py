@@ -3,10 +3,10 @@ user reaches them with a tiny random SkipV1 model (s > 0, grouped KV heads where
 them): continuous batching (`generate_batch`) gives `generate`'s greedy tokens, the paged cache's
 blocks hold the KV formula's bytes, a static cache (with chunked prefill) and a fullgraph-compiled
 static decode step agree with the dynamic cache, beam search scores are the uncached model's, and
-a left-padded batch gives each prompt's own tokens. Gemma's refusals of the static cache and of
-continuous batching with s > 0 are tested in tests/test_gemma.py; tensor parallelism in
-tests/test_tensor_parallel.py. The Llama family's own tests: test_continuous_batching.py and
-test_model_paths.py."""
+a left-padded batch gives each prompt's own tokens. Gemma (a window of 4 tokens, sliding layer 0
+before global layers): continuous batching past the window too, its static-cache refusal in
+tests/test_gemma.py. Tensor parallelism: tests/test_tensor_parallel.py. The Llama family's own
+tests: test_continuous_batching.py and test_model_paths.py."""
 
 import pytest
 import torch
@@ -17,11 +17,14 @@ from transformers.generation.continuous_batching import PagedAttentionCache
 from transformers.generation.continuous_batching.distributed import DistributedHelper
 
 from skipv1.modeling.layout import kv_layout
-from skipv1.modeling.paged_cache_skipv1 import SkipV1CacheAllocator
+from skipv1.modeling.paged_cache_skipv1 import (
+    SkipV1CacheAllocator,
+    SkipV1SlidingCacheAllocator,
+)
 
-# Gemma's layer 0 is a sliding-window layer: no static cache, no paged cache with s > 0
+# Gemma's layer 0 is a sliding-window layer: no static cache with s > 0
 WINDOWED = ("gemma2", "gemma3_text")
-SERVED = tuple(f for f in SKIPV1_FAMILIES if f not in WINDOWED)
+STATIC = tuple(f for f in SKIPV1_FAMILIES if f not in WINDOWED)
 NEW_TOKENS = 6
 PROMPTS = [list(range(3, 3 + n)) for n in (5, 2, 11, 7)]
 GREEDY = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
@@ -32,8 +35,8 @@ def any_family(request):
     return request.param, random_family_skipv1(request.param)
 
 
-@pytest.fixture(scope="module", params=SERVED)
-def served(request):
+@pytest.fixture(scope="module", params=STATIC)
+def static_family(request):
     return request.param, random_family_skipv1(request.param)
 
 
@@ -41,9 +44,10 @@ def greedy(model, prompt: list[int]) -> list[int]:
     return model.generate(torch.tensor([prompt]), **GREEDY)[0, len(prompt) :].tolist()
 
 
-def test_generate_batch_gives_the_generate_tokens(served):
-    """Pages of 4 tokens and at most 2 requests a batch: requests cross pages and wait."""
-    _, model = served
+def test_generate_batch_gives_the_generate_tokens(any_family):
+    """Pages of 4 tokens and at most 2 requests a batch: requests cross pages and wait; Gemma's
+    windows of 4 tokens slide (prompts of up to 11 tokens, 6 more generated)."""
+    _, model = any_family
     config = GenerationConfig(**GREEDY, eos_token_id=-1)
     cb = ContinuousBatchingConfig(
         num_blocks=32, page_size=4, max_batch_tokens=16, max_requests_per_batch=2
@@ -56,8 +60,11 @@ def test_generate_batch_gives_the_generate_tokens(served):
     assert got == [greedy(model, p) for p in PROMPTS]
 
 
-def test_paged_blocks_hold_exactly_the_skipv1_kv_bytes(served):
-    _, model = served
+def test_paged_blocks_hold_exactly_the_skipv1_kv_bytes(any_family):
+    """A block of each attention type (Gemma: sliding and global layers) holds 16 tokens of its
+    layers; together they hold the formula's bytes, Gemma's `+ s` (layer 0's borrowed heads of
+    every token, kept with the global layers) included."""
+    _, model = any_family
     cache = PagedAttentionCache(
         config=model.config,
         continuous_batching_config=ContinuousBatchingConfig(
@@ -67,15 +74,16 @@ def test_paged_blocks_hold_exactly_the_skipv1_kv_bytes(served):
         distributed_helper=DistributedHelper(device_mesh=None, cpu_group_timeout=60, tp_plan={}),
         dtype=torch.float32,
     )
-    (allocator,) = cache.cache_allocators.values()
-    assert isinstance(allocator, SkipV1CacheAllocator)
+    allocators = list(cache.cache_allocators.values())
+    kinds = (SkipV1CacheAllocator, SkipV1SlidingCacheAllocator)
+    assert all(isinstance(a, kinds) for a in allocators)
     layout = kv_layout(model.config)
     assert layout.skip_v_heads > 0
-    assert allocator.bytes_per_block == 16 * layout.bytes_per_token(4)
+    assert sum(a.bytes_per_block for a in allocators) == 16 * layout.bytes_per_token(4)
 
 
-def test_static_cache_and_chunked_prefill_give_the_dynamic_cache_tokens(served):
-    _, model = served
+def test_static_cache_and_chunked_prefill_give_the_dynamic_cache_tokens(static_family):
+    _, model = static_family
     prompt = torch.tensor([PROMPTS[2], PROMPTS[2][::-1]])
     kwargs = dict(GREEDY, attention_mask=torch.ones_like(prompt))
     dynamic = model.generate(prompt, **kwargs)
@@ -95,8 +103,8 @@ def test_static_cache_and_chunked_prefill_give_the_dynamic_cache_tokens(served):
 
 
 @pytest.mark.slow
-def test_fullgraph_compiled_static_cache_decode_matches_eager(served):
-    _, model = served
+def test_fullgraph_compiled_static_cache_decode_matches_eager(static_family):
+    _, model = static_family
     assert type(model)._can_compile_fullgraph
     x = torch.tensor([PROMPTS[2][:9]])
     cache = StaticCache(config=model.config, max_cache_len=16)

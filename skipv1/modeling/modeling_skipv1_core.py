@@ -33,6 +33,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
 from transformers.utils.deprecation import deprecate_kwarg
 
+from .paged_cache_skipv1 import paged_borrowed_values
 from .paged_cache_skipv1 import register as register_paged_cache
 
 register_paged_cache()  # continuous batching (generate_batch, `transformers serve`)
@@ -332,9 +333,13 @@ class SkipV1AttentionMixin:
         query_states, key_states = self.rotate(query_states, key_states, position_embeddings)
         value_states, own = self.rank_value_heads(value_states, key_states.shape[1])
 
-        store = None
+        store = paged_full = None
         if cache is not None and self.layer_idx == 0 and self.config.keeps_borrowed_values():
-            store = first_layer_cache(cache, self.borrowed_from(key_states.shape[1]))
+            start = self.borrowed_from(key_states.shape[1])
+            # a paged cache (continuous batching) keeps them with its full-attention blocks
+            paged_full = paged_borrowed_values(cache, value_states[:, start:], kwargs)
+            if paged_full is None:
+                store = first_layer_cache(cache, start)
         if cache is not None:
             extra = unused_value_heads(cache, self.layer_idx, own)
             if extra:  # write zeros there: the new tokens only, never the cached ones
@@ -364,7 +369,7 @@ class SkipV1AttentionMixin:
         )
         if self.layer_idx == 0:
             first_layer_values.value = value_states
-            first_layer_values.full = None if store is None else store.borrowed_values
+            first_layer_values.full = paged_full if store is None else store.borrowed_values
         if self.layer_idx == 0 or own == key_states.shape[1]:
             attn_output, attn_weights = attend(query_states, key_states, value_states)
         else:
@@ -454,16 +459,6 @@ class SkipV1PreTrainedMixin:
         # so ask the family's stock class, not this file (which would fall back to the eager loop)
         stock = next(c for c in cls.__mro__ if c.__module__.startswith("transformers.models."))
         return stock._can_set_experts_implementation()
-
-    def init_continuous_batching(self, *args, **kwargs):
-        # transformers' sliding-window page allocator sizes every layer's value pages for n_kv
-        # heads and keeps only the window of layer 0, which later global layers borrow from
-        if self.config.skip_v_heads and self.config.has_sliding_layers():
-            raise ValueError(
-                "SkipV1 with sliding-window layers does not support continuous batching "
-                "(generate_batch, paged attention) yet: use generate() with the dynamic cache."
-            )
-        return super().init_continuous_batching(*args, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):

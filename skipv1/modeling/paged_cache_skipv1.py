@@ -11,16 +11,24 @@ so a block takes exactly the bytes of the SkipV1 KV formula, and a cache of a gi
 "page" for the base class's arithmetic, and the logical index of a token slot is
 `block * page_size + offset`, which `update` splits to address each layer's strided view.
 
-`register()` puts a dispatcher in transformers' attention-type -> allocator registry: SkipV1
-configs get this allocator, every other model gets the stock one, unchanged. This file is copied
-next to converted weights with the modeling file, so it imports only transformers.
+Sliding-window layers (Gemma) get the same layout in transformers' ring buffer of the window
+(`SkipV1SlidingCacheAllocator`). Where layer 0 attends through a window and later layers attend
+globally (`config.keeps_borrowed_values()`), the full-attention blocks also hold layer 0's s
+borrowed value heads of every token (the `+ s` of the KV formula): layer 0 writes them there and
+reads them back at the full-attention layers' positions (`paged_borrowed_values`).
+
+`register()` puts dispatchers in transformers' attention-type -> allocator registry: SkipV1
+configs get these allocators, every other model gets the stock ones, unchanged. This file is
+copied next to converted weights with the modeling file, so it imports only transformers.
 """
 
 import torch
 from transformers.generation.continuous_batching import cache as paged_cache
 from transformers.generation.continuous_batching.cache_allocators import (
     FULL_ATTENTION,
+    SLIDING_ATTENTION,
     FullAttentionCacheAllocator,
+    SlidingAttentionCacheAllocator,
 )
 from transformers.generation.continuous_batching.utils import find_head_dim
 
@@ -33,8 +41,9 @@ def value_heads_per_layer(config, layer_indices: list[int], kv_heads: int) -> di
     return {i: config.own_value_heads(i) for i in layer_indices}
 
 
-class SkipV1CacheAllocator(FullAttentionCacheAllocator):
-    """Full-attention allocator with per-layer value page sizes (see the module docstring)."""
+class PerLayerValuePages:
+    """The block layout of the SkipV1 allocators (see the module docstring), mixed in before a
+    transformers allocator class, which keeps its token-index logic."""
 
     # The flash block-table decode path reads K and V pages of one shape; it is left off, so
     # decoding reads through the index path like eager and SDPA do.
@@ -59,7 +68,12 @@ class SkipV1CacheAllocator(FullAttentionCacheAllocator):
             i: page_size * (num_key_value_heads + v) * self.head_dim
             for i, v in self.value_heads.items()
         }
-        block_bytes = sum(self.layer_elements.values()) * cache_dtype.itemsize
+        # layer 0's borrowed heads of every token, kept with the full-attention layers that read
+        # them when layer 0's own pages hold only its window
+        keeps = self.layer_type == FULL_ATTENTION and config.keeps_borrowed_values()
+        self.borrowed_heads = config.skip_v_heads if keeps else 0
+        store_elements = page_size * self.borrowed_heads * self.head_dim
+        block_bytes = (sum(self.layer_elements.values()) + store_elements) * cache_dtype.itemsize
         self._before_cache_tensor_init(
             index=index,
             layer_indices=layer_indices,
@@ -91,6 +105,7 @@ class SkipV1CacheAllocator(FullAttentionCacheAllocator):
             values = rows[:, keys_end:end].view(blocks, page, self.value_heads[layer], d)
             self._layer_views[layer] = (keys, values)
             start = end
+        self._borrowed_view = rows[:, start:].view(blocks, page, self.borrowed_heads, d)
 
     @classmethod
     def get_bytes_per_page(cls, num_key_value_heads, head_dim, cache_dtype, page_size) -> int:
@@ -98,20 +113,82 @@ class SkipV1CacheAllocator(FullAttentionCacheAllocator):
             num_key_value_heads, head_dim, cache_dtype, page_size
         )
 
+    def slots(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block, offset in the block) of logical token slots."""
+        return index // self.tokens_per_page, index % self.tokens_per_page
+
+    def get_cache_for_block_table(self, layer_idx: int):
+        raise NotImplementedError("SkipV1 pages are read through the index path")
+
+
+class SkipV1CacheAllocator(PerLayerValuePages, FullAttentionCacheAllocator):
+    """Full-attention allocator with per-layer value page sizes (see the module docstring)."""
+
     def update(self, key_states, value_states, layer_idx, read_index, write_index):
         """Writes the new tokens' keys and own values, then reads the request's whole sequence
         back (shapes [tokens, heads, head_dim], the layer's own value heads only)."""
         keys, values = self._layer_views[layer_idx]
-        block, offset = write_index // self.tokens_per_page, write_index % self.tokens_per_page
-        keys[block, offset] = key_states
-        values[block, offset] = value_states
-        if read_index.numel() == 0:
-            return key_states, value_states
-        block, offset = read_index // self.tokens_per_page, read_index % self.tokens_per_page
-        return keys[block, offset], values[block, offset]
+        return self.write_then_read(
+            (keys, values), (key_states, value_states), read_index, write_index
+        )
 
-    def get_cache_for_block_table(self, layer_idx: int):
-        raise NotImplementedError("SkipV1 pages are read through the index path")
+    def update_borrowed(self, borrowed, read_index, write_index) -> torch.Tensor:
+        """Stores layer 0's borrowed heads of the new tokens [tokens, s, head_dim] and returns
+        them at every position the full-attention layers read."""
+        (out,) = self.write_then_read((self._borrowed_view,), (borrowed,), read_index, write_index)
+        return out
+
+    def write_then_read(self, stores, states, read_index, write_index) -> tuple:
+        block, offset = self.slots(write_index)
+        for store, new in zip(stores, states, strict=True):
+            store[block, offset] = new
+        if read_index.numel() == 0:
+            return states
+        block, offset = self.slots(read_index)
+        return tuple(store[block, offset] for store in stores)
+
+
+class SkipV1SlidingCacheAllocator(PerLayerValuePages, SlidingAttentionCacheAllocator):
+    """Sliding-window allocator with per-layer value page sizes: transformers' ring buffer of the
+    window (its read and write indices), in the SkipV1 block layout."""
+
+    def __init__(self, *, config, **kwargs) -> None:
+        sliding_window = getattr(config, "sliding_window", None)
+        if not isinstance(sliding_window, int) or sliding_window <= 0:
+            raise ValueError(f"sliding_window must be a positive integer, not {sliding_window!r}")
+        self.sliding_window = sliding_window
+        super().__init__(config=config, **kwargs)
+
+    def update(self, key_states, value_states, layer_idx, read_index, write_index):
+        """Reads the window's cached tokens first (a new token may overwrite the oldest), puts the
+        new tokens at the sentinel slots, then writes them (as transformers' sliding allocator)."""
+        keys, values = self._layer_views[layer_idx]
+        states = (key_states, value_states)
+        out = states
+        if read_index.numel():
+            block, offset = self.slots(read_index)
+            sentinel = (read_index == self.sentinel_index)[:, None, None]
+            out = tuple(
+                store[block, offset].masked_scatter_(sentinel, new)
+                for store, new in zip((keys, values), states, strict=True)
+            )
+        block, offset = self.slots(write_index)
+        keys[block, offset], values[block, offset] = key_states, value_states
+        return out
+
+
+def paged_borrowed_values(cache, borrowed: torch.Tensor, kwargs: dict) -> torch.Tensor | None:
+    """For layer 0 on a paged cache whose full-attention blocks keep its borrowed heads: stores
+    the new tokens' `borrowed` heads [1, s, tokens, head_dim] and returns them at the positions the
+    full-attention layers read ([1, s, positions, head_dim]); None for any other cache."""
+    allocators = getattr(cache, "cache_allocators", None) or {}
+    allocator = allocators.get(FULL_ATTENTION)
+    if not isinstance(allocator, SkipV1CacheAllocator) or not allocator.borrowed_heads:
+        return None
+    read_index = kwargs["read_index"][allocator.index]
+    write_index = kwargs["write_index"][allocator.index]
+    new = borrowed.squeeze(0).transpose(0, 1)
+    return allocator.update_borrowed(new, read_index, write_index).transpose(0, 1).unsqueeze(0)
 
 
 def is_skipv1_config(config) -> bool:
@@ -130,8 +207,23 @@ class FullAttentionAllocatorChoice(FullAttentionCacheAllocator):
         return FullAttentionCacheAllocator(config=config, **kwargs)
 
 
+class SlidingAttentionAllocatorChoice(SlidingAttentionCacheAllocator):
+    """The same choice for sliding-window layers."""
+
+    skipv1_dispatch = True
+
+    def __new__(cls, *, config, **kwargs):
+        if is_skipv1_config(config):
+            return SkipV1SlidingCacheAllocator(config=config, **kwargs)
+        return SlidingAttentionCacheAllocator(config=config, **kwargs)
+
+
 def register() -> None:
     """Idempotent: the package and a trust_remote_code copy of this file may both call it."""
     registry = paged_cache.ATTN_TYPE_TO_ALLOCATOR
-    if not getattr(registry[FULL_ATTENTION], "skipv1_dispatch", False):
-        registry[FULL_ATTENTION] = FullAttentionAllocatorChoice
+    for kind, choice in (
+        (FULL_ATTENTION, FullAttentionAllocatorChoice),
+        (SLIDING_ATTENTION, SlidingAttentionAllocatorChoice),
+    ):
+        if not getattr(registry[kind], "skipv1_dispatch", False):
+            registry[kind] = choice
