@@ -188,9 +188,15 @@ def wait_until_healthy(base: str, server: subprocess.Popen, deadline: float) -> 
 def test_transformers_serve_answers_a_chat_completion_with_continuous_batching(
     converted_chat_model, tmp_path
 ):
+    serve_one_chat_completion(converted_chat_model, tmp_path)
+
+
+def serve_one_chat_completion(model_dir: Path, tmp_path: Path) -> None:
+    """`transformers serve MODEL_DIR --continuous-batching` (remote code) on loopback answers one
+    chat completion of 6 tokens; the server is stopped in any case."""
     port = free_port()
     serve = Path(sys.executable).parent / "transformers"
-    cmd = [str(serve), "serve", str(converted_chat_model), "--trust-remote-code"]
+    cmd = [str(serve), "serve", str(model_dir), "--trust-remote-code"]
     cmd += ["--continuous-batching", "--cb-num-blocks", "64", "--device", "cpu"]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
@@ -200,7 +206,7 @@ def test_transformers_serve_answers_a_chat_completion_with_continuous_batching(
     try:
         wait_until_healthy(base, server, time.monotonic() + 180)
         body = {
-            "model": str(converted_chat_model),
+            "model": str(model_dir),
             "messages": [{"role": "user", "content": "hello there"}],
             "max_tokens": 6,
         }

@@ -146,3 +146,31 @@ def test_left_padded_batch_matches_each_prompt_alone(any_family):
     mask[0, :pad] = 0
     together = model.generate(batch, attention_mask=mask, **GREEDY)[:, long.shape[1] :]
     assert together.tolist() == [greedy(model, PROMPTS[0]), greedy(model, PROMPTS[2])]
+
+
+def test_transformers_serve_finds_every_family_s_class_by_its_architecture(any_family):
+    """`transformers serve` resolves `architectures[0]` as an attribute of `transformers`."""
+    import transformers
+
+    _, model = any_family
+    (architecture,) = model.config.architectures or [type(model).__name__]
+    assert getattr(transformers, architecture) is type(model)
+
+
+@pytest.mark.slow
+def test_transformers_serve_answers_a_gemma_chat_completion_with_continuous_batching(
+    tmp_path, tokenizer_dir
+):
+    """End to end on loopback with the modeling code that travels with the weights: Gemma 3's
+    sliding layer 0 and its borrowed-value store in the paged cache (Llama's: in
+    test_continuous_batching.py)."""
+    from test_continuous_batching import serve_one_chat_completion
+
+    model = random_family_skipv1("gemma3_text")
+    model.save_pretrained(tmp_path / "model")
+    for file in tokenizer_dir.iterdir():
+        (tmp_path / "model" / file.name).write_bytes(file.read_bytes())
+    (tmp_path / "model" / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    )
+    serve_one_chat_completion(tmp_path / "model", tmp_path)
