@@ -44,20 +44,30 @@ def greedy(model, prompt: list[int]) -> list[int]:
     return model.generate(torch.tensor([prompt]), **GREEDY)[0, len(prompt) :].tolist()
 
 
-def test_generate_batch_gives_the_generate_tokens(any_family):
-    """Pages of 4 tokens and at most 2 requests a batch: requests cross pages and wait; Gemma's
-    windows of 4 tokens slide (prompts of up to 11 tokens, 6 more generated)."""
-    _, model = any_family
+def batch_generate(model) -> list[list[int]]:
+    """Pages of 4 tokens and at most 2 requests a batch: requests cross pages and wait."""
     config = GenerationConfig(**GREEDY, eos_token_id=-1)
     cb = ContinuousBatchingConfig(
         num_blocks=32, page_size=4, max_batch_tokens=16, max_requests_per_batch=2
     )
     out = model.generate_batch(PROMPTS, generation_config=config, continuous_batching_config=cb)
-    got = [
-        r.generated_tokens
-        for r in sorted(out.values(), key=lambda r: int(r.request_id.split("_")[-1]))
-    ]
-    assert got == [greedy(model, p) for p in PROMPTS]
+    by_index = sorted(out.values(), key=lambda r: int(r.request_id.split("_")[-1]))
+    return [r.generated_tokens for r in by_index]
+
+
+def test_generate_batch_gives_the_generate_tokens(any_family):
+    """Gemma's windows of 4 tokens slide (prompts of up to 11 tokens, 6 more generated)."""
+    _, model = any_family
+    assert batch_generate(model) == [greedy(model, p) for p in PROMPTS]
+
+
+def test_generate_batch_with_a_full_layer_0_before_sliding_layers():
+    """Qwen2's pattern (`max_window_layers`), here on Gemma 3: the sliding layers' pages keep
+    their own copy of layer 0's borrowed heads (sequences are packed, so layer 0's values cannot
+    be sliced to a sliding layer's window)."""
+    types = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    model = random_family_skipv1("gemma3_text", num_hidden_layers=4, layer_types=types)
+    assert batch_generate(model) == [greedy(model, p) for p in PROMPTS]
 
 
 def test_paged_blocks_hold_exactly_the_skipv1_kv_bytes(any_family):

@@ -114,13 +114,16 @@ class SkipV1ConfigMixin:
 class FirstLayerValues:
     """Carries layer 0's value states (all KV heads, cached positions included) to later layers."""
 
-    __slots__ = ("value", "full")
+    __slots__ = ("value", "full", "paged")
 
     def __init__(self) -> None:
         self.value: torch.Tensor | None = None
         # layer 0's borrowed heads at every cached position, when its own cache keeps only a
         # sliding window (SkipV1SlidingWindowLayer); later full-attention layers read these
         self.full: torch.Tensor | None = None
+        # on a paged cache: layer 0's borrowed heads as each other attention type's pages hold
+        # them ({"full_attention": ..., "sliding_attention": ...}, paged_borrowed_values)
+        self.paged: dict[str, torch.Tensor] | None = None
 
 
 class SkipV1SlidingWindowLayer(DynamicSlidingWindowLayer):
@@ -333,12 +336,12 @@ class SkipV1AttentionMixin:
         query_states, key_states = self.rotate(query_states, key_states, position_embeddings)
         value_states, own = self.rank_value_heads(value_states, key_states.shape[1])
 
-        store = paged_full = None
-        if cache is not None and self.layer_idx == 0 and self.config.keeps_borrowed_values():
+        store = paged = None
+        if cache is not None and self.layer_idx == 0 and self.config.skip_v_heads:
             start = self.borrowed_from(key_states.shape[1])
-            # a paged cache (continuous batching) keeps them with its full-attention blocks
-            paged_full = paged_borrowed_values(cache, value_states[:, start:], kwargs)
-            if paged_full is None:
+            # a paged cache (continuous batching) keeps them with the layers of the other type
+            paged = paged_borrowed_values(cache, value_states[:, start:], kwargs)
+            if paged is None and self.config.keeps_borrowed_values():
                 store = first_layer_cache(cache, start)
         if cache is not None:
             extra = unused_value_heads(cache, self.layer_idx, own)
@@ -369,7 +372,8 @@ class SkipV1AttentionMixin:
         )
         if self.layer_idx == 0:
             first_layer_values.value = value_states
-            first_layer_values.full = paged_full if store is None else store.borrowed_values
+            first_layer_values.full = None if store is None else store.borrowed_values
+            first_layer_values.paged = paged
         if self.layer_idx == 0 or own == key_states.shape[1]:
             attn_output, attn_weights = attend(query_states, key_states, value_states)
         else:
@@ -392,8 +396,14 @@ class SkipV1AttentionMixin:
         """Layer 0's borrowed heads at the positions of this layer's keys. Without a cache, and
         for a layer whose cache is of layer 0's kind, that is layer 0's value tensor as its cache
         returned it; a full-attention layer borrowing from a sliding layer 0 reads layer 0's
-        full-length store; a sliding layer borrowing from a full one takes the last positions."""
-        if first.full is not None and getattr(self, "sliding_window", None) is None:
+        full-length store; a sliding layer borrowing from a full one takes the last positions.
+        On a paged cache, sequences are packed: a layer of another type than layer 0 reads layer
+        0's heads from its own pages' copy, at its own positions."""
+        full = getattr(self, "sliding_window", None) is None
+        paged = (first.paged or {}).get("full_attention" if full else "sliding_attention")
+        if paged is not None:
+            return paged
+        if first.full is not None and full:
             return first.full
         borrowed = first.value[:, own:]
         if borrowed.shape[-2] != kv_length:

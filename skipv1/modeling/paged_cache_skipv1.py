@@ -11,11 +11,13 @@ so a block takes exactly the bytes of the SkipV1 KV formula, and a cache of a gi
 "page" for the base class's arithmetic, and the logical index of a token slot is
 `block * page_size + offset`, which `update` splits to address each layer's strided view.
 
-Sliding-window layers (Gemma) get the same layout in transformers' ring buffer of the window
-(`SkipV1SlidingCacheAllocator`). Where layer 0 attends through a window and later layers attend
-globally (`config.keeps_borrowed_values()`), the full-attention blocks also hold layer 0's s
-borrowed value heads of every token (the `+ s` of the KV formula): layer 0 writes them there and
-reads them back at the full-attention layers' positions (`paged_borrowed_values`).
+Sliding-window layers (Gemma, Mistral) get the same layout in transformers' ring buffer of the
+window (`SkipV1SlidingCacheAllocator`). Sequences are packed one after another, so a later layer
+of another attention type than layer 0 cannot slice layer 0's values to its own positions: the
+blocks of each attention type without layer 0 also hold layer 0's s borrowed value heads, which
+layer 0 writes and reads back at that type's positions (`paged_borrowed_values`). For Gemma
+(sliding layer 0, later global layers) that store is the `+ s` of the KV formula; for a full layer
+0 before sliding ones (Qwen2's `max_window_layers`) it holds the window only.
 
 `register()` puts dispatchers in transformers' attention-type -> allocator registry: SkipV1
 configs get these allocators, every other model gets the stock ones, unchanged. This file is
@@ -68,10 +70,8 @@ class PerLayerValuePages:
             i: page_size * (num_key_value_heads + v) * self.head_dim
             for i, v in self.value_heads.items()
         }
-        # layer 0's borrowed heads of every token, kept with the full-attention layers that read
-        # them when layer 0's own pages hold only its window
-        keeps = self.layer_type == FULL_ATTENTION and config.keeps_borrowed_values()
-        self.borrowed_heads = config.skip_v_heads if keeps else 0
+        # layer 0's borrowed heads, kept with the later layers of the other attention type
+        self.borrowed_heads = 0 if 0 in layer_indices else config.skip_v_heads
         store_elements = page_size * self.borrowed_heads * self.head_dim
         block_bytes = (sum(self.layer_elements.values()) + store_elements) * cache_dtype.itemsize
         self._before_cache_tensor_init(
@@ -117,6 +117,18 @@ class PerLayerValuePages:
         """(block, offset in the block) of logical token slots."""
         return index // self.tokens_per_page, index % self.tokens_per_page
 
+    def update(self, key_states, value_states, layer_idx, read_index, write_index):
+        """Stores the new tokens' keys and own values and returns the request's cached ones with
+        them (shapes [tokens, heads, head_dim], the layer's own value heads only)."""
+        states = (key_states, value_states)
+        return self.update_stores(self._layer_views[layer_idx], states, read_index, write_index)
+
+    def update_borrowed(self, borrowed, read_index, write_index) -> torch.Tensor:
+        """Stores layer 0's borrowed heads of the new tokens [tokens, s, head_dim] and returns
+        them at the positions this allocator's layers read."""
+        (out,) = self.update_stores((self._borrowed_view,), (borrowed,), read_index, write_index)
+        return out
+
     def get_cache_for_block_table(self, layer_idx: int):
         raise NotImplementedError("SkipV1 pages are read through the index path")
 
@@ -124,21 +136,8 @@ class PerLayerValuePages:
 class SkipV1CacheAllocator(PerLayerValuePages, FullAttentionCacheAllocator):
     """Full-attention allocator with per-layer value page sizes (see the module docstring)."""
 
-    def update(self, key_states, value_states, layer_idx, read_index, write_index):
-        """Writes the new tokens' keys and own values, then reads the request's whole sequence
-        back (shapes [tokens, heads, head_dim], the layer's own value heads only)."""
-        keys, values = self._layer_views[layer_idx]
-        return self.write_then_read(
-            (keys, values), (key_states, value_states), read_index, write_index
-        )
-
-    def update_borrowed(self, borrowed, read_index, write_index) -> torch.Tensor:
-        """Stores layer 0's borrowed heads of the new tokens [tokens, s, head_dim] and returns
-        them at every position the full-attention layers read."""
-        (out,) = self.write_then_read((self._borrowed_view,), (borrowed,), read_index, write_index)
-        return out
-
-    def write_then_read(self, stores, states, read_index, write_index) -> tuple:
+    def update_stores(self, stores, states, read_index, write_index) -> tuple:
+        """Writes the new tokens, then reads the request's whole sequence back."""
         block, offset = self.slots(write_index)
         for store, new in zip(stores, states, strict=True):
             store[block, offset] = new
@@ -159,36 +158,37 @@ class SkipV1SlidingCacheAllocator(PerLayerValuePages, SlidingAttentionCacheAlloc
         self.sliding_window = sliding_window
         super().__init__(config=config, **kwargs)
 
-    def update(self, key_states, value_states, layer_idx, read_index, write_index):
+    def update_stores(self, stores, states, read_index, write_index) -> tuple:
         """Reads the window's cached tokens first (a new token may overwrite the oldest), puts the
         new tokens at the sentinel slots, then writes them (as transformers' sliding allocator)."""
-        keys, values = self._layer_views[layer_idx]
-        states = (key_states, value_states)
         out = states
         if read_index.numel():
             block, offset = self.slots(read_index)
             sentinel = (read_index == self.sentinel_index)[:, None, None]
             out = tuple(
                 store[block, offset].masked_scatter_(sentinel, new)
-                for store, new in zip((keys, values), states, strict=True)
+                for store, new in zip(stores, states, strict=True)
             )
         block, offset = self.slots(write_index)
-        keys[block, offset], values[block, offset] = key_states, value_states
+        for store, new in zip(stores, states, strict=True):
+            store[block, offset] = new
         return out
 
 
-def paged_borrowed_values(cache, borrowed: torch.Tensor, kwargs: dict) -> torch.Tensor | None:
-    """For layer 0 on a paged cache whose full-attention blocks keep its borrowed heads: stores
-    the new tokens' `borrowed` heads [1, s, tokens, head_dim] and returns them at the positions the
-    full-attention layers read ([1, s, positions, head_dim]); None for any other cache."""
+def paged_borrowed_values(cache, borrowed: torch.Tensor, kwargs: dict) -> dict | None:
+    """For layer 0 on a paged cache: stores the new tokens' `borrowed` heads [1, s, tokens,
+    head_dim] with each attention type that keeps a copy and returns them as each reads them,
+    {layer type: [1, s, positions, head_dim]}; None for another cache or a single type."""
     allocators = getattr(cache, "cache_allocators", None) or {}
-    allocator = allocators.get(FULL_ATTENTION)
-    if not isinstance(allocator, SkipV1CacheAllocator) or not allocator.borrowed_heads:
-        return None
-    read_index = kwargs["read_index"][allocator.index]
-    write_index = kwargs["write_index"][allocator.index]
+    out = {}
     new = borrowed.squeeze(0).transpose(0, 1)
-    return allocator.update_borrowed(new, read_index, write_index).transpose(0, 1).unsqueeze(0)
+    for kind, allocator in allocators.items():
+        if isinstance(allocator, PerLayerValuePages) and allocator.borrowed_heads:
+            read_index = kwargs["read_index"][allocator.index]
+            write_index = kwargs["write_index"][allocator.index]
+            read = allocator.update_borrowed(new, read_index, write_index)
+            out[kind] = read.transpose(0, 1).unsqueeze(0)
+    return out or None
 
 
 def is_skipv1_config(config) -> bool:
