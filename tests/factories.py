@@ -327,3 +327,42 @@ def generated_cache_bytes(model, prompt) -> tuple[int, object]:
     )
     cache = out.cache
     return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers), cache
+
+
+# The families other than Llama's, as `random_family_skipv1` builds them (tests/test_family_serving.py)
+SKIPV1_FAMILIES = (
+    "qwen3",
+    "phi3",
+    "olmo2",
+    "mixtral",
+    "qwen3_moe",
+    "gpt_neox",
+    "gpt2",
+    "gemma2",
+    "gemma3_text",
+)
+
+
+def random_family_skipv1(arch: str, skip_v_heads: int | None = None, seed: int = 0, **overrides):
+    """A random SkipV1 model (eval mode) of `arch`'s family with the fields of `tiny_config(arch)`:
+    grouped KV heads (4 query heads over 2) where the family has them, s = 1 of 2 KV heads
+    (s = 2 of 4 heads for the multi-head-only GPT-2 and GPT-NeoX); Gemma: a window of 4 tokens
+    and sliding layer 0 before a global layer 1, eager attention for Gemma 2 (transformers has no
+    SDPA for its soft-capping); SDPA otherwise."""
+    from skipv1.families import family_of
+    from skipv1.modeling import FAMILY_CLASSES
+
+    mha_only = arch in ("gpt_neox", "gpt2")
+    fields = {} if mha_only else {"num_key_value_heads": 2}
+    if arch.startswith("gemma"):
+        fields["sliding_window"] = 4
+    if arch == "gemma3_text":
+        fields["sliding_window_pattern"] = 2  # sliding, global, sliding (default: 5 sliding, 1)
+    fields |= overrides
+    config = tiny_config(arch, **fields).to_dict()
+    config_class, causal_lm = FAMILY_CLASSES[family_of(config).model_type]
+    s = skip_v_heads if skip_v_heads is not None else (2 if mha_only else 1)
+    skip = config_class(**{k: v for k, v in config.items() if k not in NOT_FIELDS}, skip_v_heads=s)
+    skip._attn_implementation = "eager" if arch == "gemma2" else "sdpa"
+    torch.manual_seed(seed)
+    return causal_lm(skip).eval()

@@ -17,6 +17,7 @@ from factories import (
     build_tokenizer,
     make_checkpoint,
     random_skipv1,
+    skipv1_config_of,
     small_skipv1_config,
     tiny_config,
 )
@@ -25,11 +26,12 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching import PagedAttentionCache
 from transformers.generation.continuous_batching.cache_allocators import (
     FullAttentionCacheAllocator,
+    SlidingAttentionCacheAllocator,
 )
 from transformers.generation.continuous_batching.distributed import DistributedHelper
 
 from skipv1.modeling.layout import kv_layout
-from skipv1.modeling.paged_cache_skipv1 import SkipV1CacheAllocator
+from skipv1.modeling.paged_cache_skipv1 import SkipV1CacheAllocator, SkipV1SlidingCacheAllocator
 
 REPO = Path(__file__).resolve().parents[1]
 NEW_TOKENS = 12
@@ -101,10 +103,25 @@ def test_paged_blocks_hold_exactly_the_skipv1_kv_bytes(heads, kv, s):
     assert allocator.num_blocks == pytest.approx(64 * ratio, abs=2 + 64 * ratio * 0.02)
 
 
-def test_stock_models_keep_the_stock_allocator():
+def test_stock_models_keep_the_stock_allocators():
     config = tiny_config(num_key_value_heads=2)
     (allocator,) = paged_cache(config, num_blocks=8).cache_allocators.values()
     assert type(allocator) is FullAttentionCacheAllocator
+    windowed = tiny_config("mistral", num_key_value_heads=2, sliding_window=32)
+    (allocator,) = paged_cache(windowed, num_blocks=8).cache_allocators.values()
+    assert type(allocator) is SlidingAttentionCacheAllocator
+
+
+def test_a_mistral_with_its_window_batches_continuously():
+    """A converted Mistral keeps `sliding_window` (its context clamped to it): transformers pages
+    every layer as a sliding one, which the SkipV1 sliding allocator sizes per layer."""
+    config = skipv1_config_of(
+        tiny_config("mistral", num_key_value_heads=2, sliding_window=32), skip_v_heads=1
+    )
+    model = random_skipv1(config)
+    (allocator,) = paged_cache(config, num_blocks=8).cache_allocators.values()
+    assert type(allocator) is SkipV1SlidingCacheAllocator
+    assert batch_generate(model) == [greedy(model, p) for p in PROMPTS]  # 29 tokens at most
 
 
 @pytest.fixture(scope="module")
@@ -188,9 +205,15 @@ def wait_until_healthy(base: str, server: subprocess.Popen, deadline: float) -> 
 def test_transformers_serve_answers_a_chat_completion_with_continuous_batching(
     converted_chat_model, tmp_path
 ):
+    serve_one_chat_completion(converted_chat_model, tmp_path)
+
+
+def serve_one_chat_completion(model_dir: Path, tmp_path: Path) -> None:
+    """`transformers serve MODEL_DIR --continuous-batching` (remote code) on loopback answers one
+    chat completion of 6 tokens; the server is stopped in any case."""
     port = free_port()
     serve = Path(sys.executable).parent / "transformers"
-    cmd = [str(serve), "serve", str(converted_chat_model), "--trust-remote-code"]
+    cmd = [str(serve), "serve", str(model_dir), "--trust-remote-code"]
     cmd += ["--continuous-batching", "--cb-num-blocks", "64", "--device", "cpu"]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
@@ -200,7 +223,7 @@ def test_transformers_serve_answers_a_chat_completion_with_continuous_batching(
     try:
         wait_until_healthy(base, server, time.monotonic() + 180)
         body = {
-            "model": str(converted_chat_model),
+            "model": str(model_dir),
             "messages": [{"role": "user", "content": "hello there"}],
             "max_tokens": 6,
         }

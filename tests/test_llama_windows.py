@@ -3,8 +3,8 @@ max_window_layers on, or as layer_types say), kept as Gemma's are: from tiny ran
 by transformers with a window of 4, on sequences longer than it. s = 0 is the stock model (which
 a full-attention model is not); s > 0: uncached == DynamicCache == token by token == greedy
 generate; layer 0's cache keeps its borrowed heads for the full context where a later layer
-attends globally; measured cache bytes == the formula; static cache and continuous batching are
-refused; `skipv1 convert` keeps the window and its output loads with and without skipv1."""
+attends globally; measured cache bytes == the formula; continuous batching == generate beyond
+the window; the static cache is refused; `skipv1 convert` keeps the window and its output loads with and without skipv1."""
 
 import json
 
@@ -13,7 +13,6 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     DynamicCache,
-    GenerationConfig,
     MistralConfig,
     MistralForCausalLM,
     Qwen2Config,
@@ -137,14 +136,13 @@ def test_cache_bytes_match_the_formula(case):
     assert kv_layout(model.config) == KVLayout(3, 2, 8, 1, windowed)
 
 
-def test_static_cache_and_continuous_batching_are_refused_clearly():
+def test_static_cache_is_refused_clearly():
+    """Continuous batching works for these windows: test_continuous_batching.py and
+    test_family_serving.py compare it with generate()."""
     model = skipv1_model("mistral", 1)
     x = token_ids(batch=1, length=6, vocab=VOCAB)
     with pytest.raises(ValueError, match="static cache"):
         model.generate(x, max_new_tokens=2, cache_implementation="static", pad_token_id=0)
-    config = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    with pytest.raises(ValueError, match="continuous batching"):
-        model.generate_batch([[3, 4, 5]], generation_config=config)
 
 
 SOURCES = {
@@ -214,3 +212,27 @@ def test_the_fitted_inits_forward_applies_the_window(tmp_path, arch):
             torch.testing.assert_close(got[i], expected, atol=1e-5, rtol=1e-5, msg=f"layer {i}")
     unwindowed = calibrate.source_config({**out, "sliding_window": None, "layer_types": None})
     assert not torch.allclose(calibrate.source_hidden_states(unwindowed, load, x)[-1], want[-1])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_continuous_batching_beyond_the_window_gives_generate_s_tokens(case):
+    """Prompts and generations longer than the window of 4, in pages of 4 tokens, several
+    requests per batch: the paged cache's windows and borrowed heads per layer type."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    model = skipv1_model(case, 1)
+    prompts, new = [[3, 4, 5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17]], 7
+    config = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cb = ContinuousBatchingConfig(
+        num_blocks=32, page_size=4, max_batch_tokens=12, max_requests_per_batch=2
+    )
+    out = model.generate_batch(prompts, generation_config=config, continuous_batching_config=cb)
+    got = [
+        r.generated_tokens
+        for r in sorted(out.values(), key=lambda r: int(r.request_id.split("_")[-1]))
+    ]
+    expected = [
+        model.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False)[0, len(p) :].tolist()
+        for p in prompts
+    ]
+    assert got == expected

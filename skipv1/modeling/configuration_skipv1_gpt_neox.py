@@ -28,9 +28,15 @@ class SkipV1GPTNeoXConfig(SkipV1ConfigMixin, GPTNeoXConfig):
     """
 
     model_type = "skipv1_gpt_neox"
-    # No tensor-parallel plan: the stock plan splits query_key_value's rows evenly across ranks,
-    # which the later layers' shorter, uneven per-head blocks do not allow.
-    base_model_tp_plan = {}
+    # The stock plan splits query_key_value's rows evenly across ranks, which the later layers'
+    # shorter, uneven per-head blocks do not allow: as Phi-3's plan does for its fused qkv_proj,
+    # the projection's output is gathered (every rank computes every head) and `dense` splits its
+    # input; the MLP and the embedding are sharded as in the stock plan.
+    base_model_tp_plan = {
+        **GPTNeoXConfig.base_model_tp_plan,
+        "layers.*.attention.query_key_value": "colwise_gather_output",
+        "layers.*.attention.dense": "rowwise_split_input",
+    }
 
     skip_v_heads: int = 0
     o_proj_bias: bool | None = None

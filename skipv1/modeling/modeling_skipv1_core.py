@@ -33,6 +33,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
 from transformers.utils.deprecation import deprecate_kwarg
 
+from .paged_cache_skipv1 import paged_borrowed_values
 from .paged_cache_skipv1 import register as register_paged_cache
 
 register_paged_cache()  # continuous batching (generate_batch, `transformers serve`)
@@ -113,13 +114,16 @@ class SkipV1ConfigMixin:
 class FirstLayerValues:
     """Carries layer 0's value states (all KV heads, cached positions included) to later layers."""
 
-    __slots__ = ("value", "full")
+    __slots__ = ("value", "full", "paged")
 
     def __init__(self) -> None:
         self.value: torch.Tensor | None = None
         # layer 0's borrowed heads at every cached position, when its own cache keeps only a
         # sliding window (SkipV1SlidingWindowLayer); later full-attention layers read these
         self.full: torch.Tensor | None = None
+        # on a paged cache: layer 0's borrowed heads as each other attention type's pages hold
+        # them ({"full_attention": ..., "sliding_attention": ...}, paged_borrowed_values)
+        self.paged: dict[str, torch.Tensor] | None = None
 
 
 class SkipV1SlidingWindowLayer(DynamicSlidingWindowLayer):
@@ -332,9 +336,13 @@ class SkipV1AttentionMixin:
         query_states, key_states = self.rotate(query_states, key_states, position_embeddings)
         value_states, own = self.rank_value_heads(value_states, key_states.shape[1])
 
-        store = None
-        if cache is not None and self.layer_idx == 0 and self.config.keeps_borrowed_values():
-            store = first_layer_cache(cache, self.borrowed_from(key_states.shape[1]))
+        store = paged = None
+        if cache is not None and self.layer_idx == 0 and self.config.skip_v_heads:
+            start = self.borrowed_from(key_states.shape[1])
+            # a paged cache (continuous batching) keeps them with the layers of the other type
+            paged = paged_borrowed_values(cache, value_states[:, start:], kwargs)
+            if paged is None and self.config.keeps_borrowed_values():
+                store = first_layer_cache(cache, start)
         if cache is not None:
             extra = unused_value_heads(cache, self.layer_idx, own)
             if extra:  # write zeros there: the new tokens only, never the cached ones
@@ -365,6 +373,7 @@ class SkipV1AttentionMixin:
         if self.layer_idx == 0:
             first_layer_values.value = value_states
             first_layer_values.full = None if store is None else store.borrowed_values
+            first_layer_values.paged = paged
         if self.layer_idx == 0 or own == key_states.shape[1]:
             attn_output, attn_weights = attend(query_states, key_states, value_states)
         else:
@@ -387,8 +396,14 @@ class SkipV1AttentionMixin:
         """Layer 0's borrowed heads at the positions of this layer's keys. Without a cache, and
         for a layer whose cache is of layer 0's kind, that is layer 0's value tensor as its cache
         returned it; a full-attention layer borrowing from a sliding layer 0 reads layer 0's
-        full-length store; a sliding layer borrowing from a full one takes the last positions."""
-        if first.full is not None and getattr(self, "sliding_window", None) is None:
+        full-length store; a sliding layer borrowing from a full one takes the last positions.
+        On a paged cache, sequences are packed: a layer of another type than layer 0 reads layer
+        0's heads from its own pages' copy, at its own positions."""
+        full = getattr(self, "sliding_window", None) is None
+        paged = (first.paged or {}).get("full_attention" if full else "sliding_attention")
+        if paged is not None:
+            return paged
+        if first.full is not None and full:
             return first.full
         borrowed = first.value[:, own:]
         if borrowed.shape[-2] != kv_length:
@@ -447,15 +462,13 @@ class SkipV1PreTrainedMixin:
         use_skipv1_static_layers(cache, self.config)
         return cache
 
-    def init_continuous_batching(self, *args, **kwargs):
-        # transformers' sliding-window page allocator sizes every layer's value pages for n_kv
-        # heads and keeps only the window of layer 0, which later global layers borrow from
-        if self.config.skip_v_heads and self.config.has_sliding_layers():
-            raise ValueError(
-                "SkipV1 with sliding-window layers does not support continuous batching "
-                "(generate_batch, paged attention) yet: use generate() with the dynamic cache."
-            )
-        return super().init_continuous_batching(*args, **kwargs)
+    @classmethod
+    def _can_set_experts_implementation(cls) -> bool:
+        # transformers looks for its experts decorator in the model class's own module source;
+        # a MoE family's experts are the stock ones (grouped_mm by default, fullgraph-compilable),
+        # so ask the family's stock class, not this file (which would fall back to the eager loop)
+        stock = next(c for c in cls.__mro__ if c.__module__.startswith("transformers.models."))
+        return stock._can_set_experts_implementation()
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):

@@ -11,16 +11,26 @@ so a block takes exactly the bytes of the SkipV1 KV formula, and a cache of a gi
 "page" for the base class's arithmetic, and the logical index of a token slot is
 `block * page_size + offset`, which `update` splits to address each layer's strided view.
 
-`register()` puts a dispatcher in transformers' attention-type -> allocator registry: SkipV1
-configs get this allocator, every other model gets the stock one, unchanged. This file is copied
-next to converted weights with the modeling file, so it imports only transformers.
+Sliding-window layers (Gemma, Mistral) get the same layout in transformers' ring buffer of the
+window (`SkipV1SlidingCacheAllocator`). Sequences are packed one after another, so a later layer
+of another attention type than layer 0 cannot slice layer 0's values to its own positions: the
+blocks of each attention type without layer 0 also hold layer 0's s borrowed value heads, which
+layer 0 writes and reads back at that type's positions (`paged_borrowed_values`). For Gemma
+(sliding layer 0, later global layers) that store is the `+ s` of the KV formula; for a full layer
+0 before sliding ones (Qwen2's `max_window_layers`) it holds the window only.
+
+`register()` puts dispatchers in transformers' attention-type -> allocator registry: SkipV1
+configs get these allocators, every other model gets the stock ones, unchanged. This file is
+copied next to converted weights with the modeling file, so it imports only transformers.
 """
 
 import torch
 from transformers.generation.continuous_batching import cache as paged_cache
 from transformers.generation.continuous_batching.cache_allocators import (
     FULL_ATTENTION,
+    SLIDING_ATTENTION,
     FullAttentionCacheAllocator,
+    SlidingAttentionCacheAllocator,
 )
 from transformers.generation.continuous_batching.utils import find_head_dim
 
@@ -33,8 +43,9 @@ def value_heads_per_layer(config, layer_indices: list[int], kv_heads: int) -> di
     return {i: config.own_value_heads(i) for i in layer_indices}
 
 
-class SkipV1CacheAllocator(FullAttentionCacheAllocator):
-    """Full-attention allocator with per-layer value page sizes (see the module docstring)."""
+class PerLayerValuePages:
+    """The block layout of the SkipV1 allocators (see the module docstring), mixed in before a
+    transformers allocator class, which keeps its token-index logic."""
 
     # The flash block-table decode path reads K and V pages of one shape; it is left off, so
     # decoding reads through the index path like eager and SDPA do.
@@ -59,7 +70,10 @@ class SkipV1CacheAllocator(FullAttentionCacheAllocator):
             i: page_size * (num_key_value_heads + v) * self.head_dim
             for i, v in self.value_heads.items()
         }
-        block_bytes = sum(self.layer_elements.values()) * cache_dtype.itemsize
+        # layer 0's borrowed heads, kept with the later layers of the other attention type
+        self.borrowed_heads = 0 if 0 in layer_indices else config.skip_v_heads
+        store_elements = page_size * self.borrowed_heads * self.head_dim
+        block_bytes = (sum(self.layer_elements.values()) + store_elements) * cache_dtype.itemsize
         self._before_cache_tensor_init(
             index=index,
             layer_indices=layer_indices,
@@ -91,6 +105,7 @@ class SkipV1CacheAllocator(FullAttentionCacheAllocator):
             values = rows[:, keys_end:end].view(blocks, page, self.value_heads[layer], d)
             self._layer_views[layer] = (keys, values)
             start = end
+        self._borrowed_view = rows[:, start:].view(blocks, page, self.borrowed_heads, d)
 
     @classmethod
     def get_bytes_per_page(cls, num_key_value_heads, head_dim, cache_dtype, page_size) -> int:
@@ -98,20 +113,82 @@ class SkipV1CacheAllocator(FullAttentionCacheAllocator):
             num_key_value_heads, head_dim, cache_dtype, page_size
         )
 
+    def slots(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block, offset in the block) of logical token slots."""
+        return index // self.tokens_per_page, index % self.tokens_per_page
+
     def update(self, key_states, value_states, layer_idx, read_index, write_index):
-        """Writes the new tokens' keys and own values, then reads the request's whole sequence
-        back (shapes [tokens, heads, head_dim], the layer's own value heads only)."""
-        keys, values = self._layer_views[layer_idx]
-        block, offset = write_index // self.tokens_per_page, write_index % self.tokens_per_page
-        keys[block, offset] = key_states
-        values[block, offset] = value_states
-        if read_index.numel() == 0:
-            return key_states, value_states
-        block, offset = read_index // self.tokens_per_page, read_index % self.tokens_per_page
-        return keys[block, offset], values[block, offset]
+        """Stores the new tokens' keys and own values and returns the request's cached ones with
+        them (shapes [tokens, heads, head_dim], the layer's own value heads only)."""
+        states = (key_states, value_states)
+        return self.update_stores(self._layer_views[layer_idx], states, read_index, write_index)
+
+    def update_borrowed(self, borrowed, read_index, write_index) -> torch.Tensor:
+        """Stores layer 0's borrowed heads of the new tokens [tokens, s, head_dim] and returns
+        them at the positions this allocator's layers read."""
+        (out,) = self.update_stores((self._borrowed_view,), (borrowed,), read_index, write_index)
+        return out
 
     def get_cache_for_block_table(self, layer_idx: int):
         raise NotImplementedError("SkipV1 pages are read through the index path")
+
+
+class SkipV1CacheAllocator(PerLayerValuePages, FullAttentionCacheAllocator):
+    """Full-attention allocator with per-layer value page sizes (see the module docstring)."""
+
+    def update_stores(self, stores, states, read_index, write_index) -> tuple:
+        """Writes the new tokens, then reads the request's whole sequence back."""
+        block, offset = self.slots(write_index)
+        for store, new in zip(stores, states, strict=True):
+            store[block, offset] = new
+        if read_index.numel() == 0:
+            return states
+        block, offset = self.slots(read_index)
+        return tuple(store[block, offset] for store in stores)
+
+
+class SkipV1SlidingCacheAllocator(PerLayerValuePages, SlidingAttentionCacheAllocator):
+    """Sliding-window allocator with per-layer value page sizes: transformers' ring buffer of the
+    window (its read and write indices), in the SkipV1 block layout."""
+
+    def __init__(self, *, config, **kwargs) -> None:
+        sliding_window = getattr(config, "sliding_window", None)
+        if not isinstance(sliding_window, int) or sliding_window <= 0:
+            raise ValueError(f"sliding_window must be a positive integer, not {sliding_window!r}")
+        self.sliding_window = sliding_window
+        super().__init__(config=config, **kwargs)
+
+    def update_stores(self, stores, states, read_index, write_index) -> tuple:
+        """Reads the window's cached tokens first (a new token may overwrite the oldest), puts the
+        new tokens at the sentinel slots, then writes them (as transformers' sliding allocator)."""
+        out = states
+        if read_index.numel():
+            block, offset = self.slots(read_index)
+            sentinel = (read_index == self.sentinel_index)[:, None, None]
+            out = tuple(
+                store[block, offset].masked_scatter_(sentinel, new)
+                for store, new in zip(stores, states, strict=True)
+            )
+        block, offset = self.slots(write_index)
+        for store, new in zip(stores, states, strict=True):
+            store[block, offset] = new
+        return out
+
+
+def paged_borrowed_values(cache, borrowed: torch.Tensor, kwargs: dict) -> dict | None:
+    """For layer 0 on a paged cache: stores the new tokens' `borrowed` heads [1, s, tokens,
+    head_dim] with each attention type that keeps a copy and returns them as each reads them,
+    {layer type: [1, s, positions, head_dim]}; None for another cache or a single type."""
+    allocators = getattr(cache, "cache_allocators", None) or {}
+    out = {}
+    new = borrowed.squeeze(0).transpose(0, 1)
+    for kind, allocator in allocators.items():
+        if isinstance(allocator, PerLayerValuePages) and allocator.borrowed_heads:
+            read_index = kwargs["read_index"][allocator.index]
+            write_index = kwargs["write_index"][allocator.index]
+            read = allocator.update_borrowed(new, read_index, write_index)
+            out[kind] = read.transpose(0, 1).unsqueeze(0)
+    return out or None
 
 
 def is_skipv1_config(config) -> bool:
@@ -130,8 +207,23 @@ class FullAttentionAllocatorChoice(FullAttentionCacheAllocator):
         return FullAttentionCacheAllocator(config=config, **kwargs)
 
 
+class SlidingAttentionAllocatorChoice(SlidingAttentionCacheAllocator):
+    """The same choice for sliding-window layers."""
+
+    skipv1_dispatch = True
+
+    def __new__(cls, *, config, **kwargs):
+        if is_skipv1_config(config):
+            return SkipV1SlidingCacheAllocator(config=config, **kwargs)
+        return SlidingAttentionCacheAllocator(config=config, **kwargs)
+
+
 def register() -> None:
     """Idempotent: the package and a trust_remote_code copy of this file may both call it."""
     registry = paged_cache.ATTN_TYPE_TO_ALLOCATOR
-    if not getattr(registry[FULL_ATTENTION], "skipv1_dispatch", False):
-        registry[FULL_ATTENTION] = FullAttentionAllocatorChoice
+    for kind, choice in (
+        (FULL_ATTENTION, FullAttentionAllocatorChoice),
+        (SLIDING_ATTENTION, SlidingAttentionAllocatorChoice),
+    ):
+        if not getattr(registry[kind], "skipv1_dispatch", False):
+            registry[kind] = choice
