@@ -39,7 +39,10 @@ def launch_local(recipe: Path | None, overrides: list[str], nproc: int) -> int:
     argv += [*([str(recipe)] if recipe else []), *overrides]
     # Our line replaces the agent's log lines (the SIGTERMs it sends, its failure report).
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    with tempfile.TemporaryDirectory() as tmp, _environ(ERROR_FILE_ENV, Path(tmp) / "error") as errors:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        _environ(ERROR_FILE_ENV, Path(tmp) / "error") as errors,
+    ):
         try:
             run(parse_args(argv))
         except ChildFailedError as failed:
