@@ -366,3 +366,26 @@ def random_family_skipv1(arch: str, skip_v_heads: int | None = None, seed: int =
     skip._attn_implementation = "eager" if arch == "gemma2" else "sdpa"
     torch.manual_seed(seed)
     return causal_lm(skip).eval()
+
+
+def assert_beam_scores_are_the_uncached_model_s(model, prompt) -> None:
+    """Beam search (3 beams, 5 new tokens, no length penalty): the best beam's score equals
+    the sum of its tokens' log-probabilities under one uncached forward of the whole sequence,
+    so the cache reordering between beams (borrowed heads included) changed nothing."""
+    import torch
+
+    out = model.generate(
+        prompt,
+        num_beams=3,
+        max_new_tokens=5,
+        do_sample=False,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        output_scores=True,
+        length_penalty=0.0,
+    )
+    best, start = out.sequences[:1], prompt.shape[1]
+    with torch.no_grad():
+        logprobs = model(best).logits.log_softmax(-1)
+    total = sum(logprobs[0, start - 1 + i, t] for i, t in enumerate(best[0, start:].tolist()))
+    torch.testing.assert_close(out.sequences_scores[0], total, rtol=0, atol=1e-4)

@@ -10,7 +10,11 @@ tests: test_continuous_batching.py and test_model_paths.py."""
 
 import pytest
 import torch
-from factories import SKIPV1_FAMILIES, random_family_skipv1
+from factories import (
+    SKIPV1_FAMILIES,
+    assert_beam_scores_are_the_uncached_model_s,
+    random_family_skipv1,
+)
 from transformers import GenerationConfig, StaticCache
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching import PagedAttentionCache
@@ -129,22 +133,7 @@ def test_fullgraph_compiled_static_cache_decode_matches_eager(static_family):
 
 def test_beam_search_scores_are_the_uncached_model_s(any_family):
     _, model = any_family
-    prompt = torch.tensor([PROMPTS[2]])
-    out = model.generate(
-        prompt,
-        num_beams=3,
-        max_new_tokens=5,
-        do_sample=False,
-        pad_token_id=0,
-        return_dict_in_generate=True,
-        output_scores=True,
-        length_penalty=0.0,
-    )
-    best, start = out.sequences[:1], prompt.shape[1]
-    with torch.no_grad():
-        logprobs = model(best).logits.log_softmax(-1)
-    total = sum(logprobs[0, start - 1 + i, t] for i, t in enumerate(best[0, start:].tolist()))
-    torch.testing.assert_close(out.sequences_scores[0], total, rtol=0, atol=1e-4)
+    assert_beam_scores_are_the_uncached_model_s(model, torch.tensor([PROMPTS[2]]))
 
 
 def test_left_padded_batch_matches_each_prompt_alone(any_family):

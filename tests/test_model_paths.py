@@ -6,7 +6,13 @@ import inspect
 
 import pytest
 import torch
-from factories import SHAPES, random_skipv1, small_skipv1_config, token_ids
+from factories import (
+    SHAPES,
+    assert_beam_scores_are_the_uncached_model_s,
+    random_skipv1,
+    small_skipv1_config,
+    token_ids,
+)
 from transformers import DynamicCache, StaticCache
 
 from skipv1 import SkipV1LlamaForCausalLM
@@ -57,23 +63,7 @@ def test_config_gradient_checkpointing_flag_reaches_the_skipv1_layers():
 def test_beam_search_scores_are_the_uncached_model_s(shape):
     heads, kv = SHAPES[shape]
     model = random_skipv1(small_skipv1_config(heads=heads, kv=kv, s=kv // 2 or 1))
-    prompt = token_ids(batch=1, length=6)
-    out = model.generate(
-        prompt,
-        num_beams=3,
-        max_new_tokens=5,
-        do_sample=False,
-        pad_token_id=0,
-        return_dict_in_generate=True,
-        output_scores=True,
-        length_penalty=0.0,
-    )
-    best = out.sequences[:1]
-    with torch.no_grad():
-        logprobs = model(best).logits.log_softmax(-1)
-    tokens = best[0, 6:]
-    total = sum(logprobs[0, 5 + i, t] for i, t in enumerate(tokens.tolist()))
-    torch.testing.assert_close(out.sequences_scores[0], total, rtol=0, atol=1e-4)
+    assert_beam_scores_are_the_uncached_model_s(model, token_ids(batch=1, length=6))
 
 
 @pytest.mark.slow
