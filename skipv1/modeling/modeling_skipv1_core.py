@@ -426,6 +426,15 @@ class SkipV1AttentionMixin:
         return values[:, start : start + own], own
 
 
+class PerHeadQKNormMixin:
+    """RMSNorm on each head's queries and keys after the split, before RoPE (Qwen3, Qwen3-MoE,
+    Gemma 3; OLMo-2 normalises the whole projection instead). Goes before SkipV1AttentionMixin."""
+
+    def project(self, hidden_states: torch.Tensor, hidden_shape: tuple) -> tuple:
+        queries, keys, values = super().project(hidden_states, hidden_shape)
+        return self.q_norm(queries), self.k_norm(keys), values
+
+
 def check_value_projection_rows(path: "str | os.PathLike", config) -> None:
     """Fails with the numbers when a local checkpoint's v_proj rows disagree with `skip_v_heads`
     (transformers' own error only says "size mismatch")."""

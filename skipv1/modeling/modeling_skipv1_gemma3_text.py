@@ -9,7 +9,6 @@ This file is copied next to converted weights (see `auto_map`), so it imports on
 transformers and its sibling configuration, core and paged-cache files.
 """
 
-import torch
 from transformers.models.gemma3.modeling_gemma3 import (
     Gemma3Attention,
     Gemma3DecoderLayer,
@@ -21,6 +20,7 @@ from transformers.models.gemma3.modeling_gemma3 import (
 
 from .configuration_skipv1_gemma3_text import SkipV1Gemma3TextConfig
 from .modeling_skipv1_core import (
+    PerHeadQKNormMixin,
     SkipV1AttentionMixin,
     SkipV1ForCausalLMMixin,
     SkipV1ModelMixin,
@@ -29,12 +29,8 @@ from .modeling_skipv1_core import (
 )
 
 
-class SkipV1Gemma3TextAttention(SkipV1AttentionMixin, Gemma3Attention):
+class SkipV1Gemma3TextAttention(PerHeadQKNormMixin, SkipV1AttentionMixin, Gemma3Attention):
     eager_attention = staticmethod(eager_attention_forward)
-
-    def project(self, hidden_states: torch.Tensor, hidden_shape: tuple) -> tuple:
-        queries, keys, values = super().project(hidden_states, hidden_shape)
-        return self.q_norm(queries), self.k_norm(keys), values  # Gemma 3's q/k norms
 
     def attention_kwargs(self) -> dict:
         return {"sliding_window": self.sliding_window}

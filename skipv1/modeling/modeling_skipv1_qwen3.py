@@ -7,7 +7,6 @@ This file is copied next to converted weights (see `auto_map`), so it imports on
 transformers and its sibling configuration, core and paged-cache files.
 """
 
-import torch
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3Attention,
     Qwen3DecoderLayer,
@@ -18,6 +17,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 
 from .configuration_skipv1_qwen3 import SkipV1Qwen3Config
 from .modeling_skipv1_core import (
+    PerHeadQKNormMixin,
     SkipV1AttentionMixin,
     SkipV1ForCausalLMMixin,
     SkipV1ModelMixin,
@@ -26,10 +26,8 @@ from .modeling_skipv1_core import (
 )
 
 
-class SkipV1Qwen3Attention(SkipV1AttentionMixin, Qwen3Attention):
-    def project(self, hidden_states: torch.Tensor, hidden_shape: tuple) -> tuple:
-        queries, keys, values = super().project(hidden_states, hidden_shape)
-        return self.q_norm(queries), self.k_norm(keys), values  # Qwen3's difference
+class SkipV1Qwen3Attention(PerHeadQKNormMixin, SkipV1AttentionMixin, Qwen3Attention):
+    pass  # the per-head q/k norms are the difference
 
 
 class SkipV1Qwen3DecoderLayer(Qwen3DecoderLayer):

@@ -9,7 +9,6 @@ This file is copied next to converted weights (see `auto_map`), so it imports on
 transformers and its sibling configuration, core and paged-cache files.
 """
 
-import torch
 from transformers.models.qwen3_moe.modeling_qwen3_moe import (
     Qwen3MoeAttention,
     Qwen3MoeDecoderLayer,
@@ -20,6 +19,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import (
 
 from .configuration_skipv1_qwen3_moe import SkipV1Qwen3MoeConfig
 from .modeling_skipv1_core import (
+    PerHeadQKNormMixin,
     SkipV1AttentionMixin,
     SkipV1ForCausalLMMixin,
     SkipV1ModelMixin,
@@ -29,10 +29,8 @@ from .modeling_skipv1_core import (
 )
 
 
-class SkipV1Qwen3MoeAttention(SkipV1AttentionMixin, Qwen3MoeAttention):
-    def project(self, hidden_states: torch.Tensor, hidden_shape: tuple) -> tuple:
-        queries, keys, values = super().project(hidden_states, hidden_shape)
-        return self.q_norm(queries), self.k_norm(keys), values  # per head, as Qwen3
+class SkipV1Qwen3MoeAttention(PerHeadQKNormMixin, SkipV1AttentionMixin, Qwen3MoeAttention):
+    pass  # the per-head q/k norms are the difference
 
 
 class SkipV1Qwen3MoeDecoderLayer(Qwen3MoeDecoderLayer):
