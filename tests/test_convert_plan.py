@@ -191,6 +191,14 @@ def test_config_for_qwen2_sets_biases_and_drops_sliding_window_fields():
             },
             False,
         ),
+        (  # no max_window_layers: transformers' default 28, beyond these layers: none slides
+            {
+                "architectures": ["Qwen2ForCausalLM"],
+                "sliding_window": 128,
+                "use_sliding_window": True,
+            },
+            False,
+        ),
     ],
 )
 def test_sliding_window_is_active_only_when_some_layer_uses_a_short_window(overrides, active):

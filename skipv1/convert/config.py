@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..checkpoint_info import SOURCE_ARCHITECTURES
 from ..families import LLAMA
-from ..modeling.layout import layer_types
+from ..modeling.layout import MAX_WINDOW_LAYERS_DEFAULT, layer_types
 from . import fused
 from .plan import ConversionPlan
 
@@ -47,7 +47,8 @@ def sliding_window_active(config: dict) -> bool:
         return False
     if config.get("layer_types"):
         return "sliding_attention" in config["layer_types"]
-    return config.get("max_window_layers", 0) < config.get("num_hidden_layers", 0)
+    first = config.get("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT)  # as layout reads it
+    return first < config.get("num_hidden_layers", 0)
 
 
 def _arch(config: dict) -> str:

@@ -50,6 +50,10 @@ def _type(sliding: bool) -> str:
     return "sliding_attention" if sliding else "full_attention"
 
 
+# transformers' Qwen2Config / Qwen3Config default: the layers from this one on slide.
+MAX_WINDOW_LAYERS_DEFAULT = 28
+
+
 def _first_sliding_layer(config: dict) -> int | None:
     """A Llama-family config's first sliding-window layer (None: none slides)."""
     kind = SOURCE_ARCHITECTURES.get((config.get("architectures") or [None])[0])
@@ -57,7 +61,8 @@ def _first_sliding_layer(config: dict) -> int | None:
     if config.get("sliding_window") is None or kind == "llama":  # Llama has no windows
         return None
     if kind == "qwen2":
-        return config.get("max_window_layers", 28) if config.get("use_sliding_window") else None
+        first = config.get("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT)
+        return first if config.get("use_sliding_window") else None
     return 0  # Mistral, and a SkipV1 Llama config (SkipV1LlamaConfig's rule)
 
 
