@@ -228,8 +228,8 @@ Both nodes started again: resumed from the checkpoint, max abs(loss - one node) 
 **{r["resumed_max_diff"]:.3g}**. (A node that hangs instead of dying is bounded by
 `deepspeed.timeout_s`: tests/test_uptrain_deepspeed.py freezes one with SIGSTOP.)
 
-Load average after the runs: {r["load_after"]:.2f} (timings above are wall-clock on a shared
-machine and only say "bounded"; the losses do not depend on load).
+Load average after the runs: {r["load_after"]:.2f} (1-minute; the exit time is one run's
+wall clock and says "bounded", not a speed; the losses do not depend on load).
 """)
 
 
