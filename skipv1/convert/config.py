@@ -47,7 +47,7 @@ def sliding_window_active(config: dict) -> bool:
         return False
     if config.get("layer_types"):
         return "sliding_attention" in config["layer_types"]
-    first = config.get("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT)  # as layout reads it
+    first = config.get("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT.get(kind, 0))
     return first < config.get("num_hidden_layers", 0)
 
 

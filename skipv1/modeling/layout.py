@@ -50,8 +50,9 @@ def _type(sliding: bool) -> str:
     return "sliding_attention" if sliding else "full_attention"
 
 
-# transformers' Qwen2Config / Qwen3Config default: the layers from this one on slide.
-MAX_WINDOW_LAYERS_DEFAULT = 28
+# transformers' default `max_window_layers` (the layers from it on slide) of the sources that
+# have the field; Qwen3-MoE has none: with `use_sliding_window` every layer slides.
+MAX_WINDOW_LAYERS_DEFAULT = {"qwen2": 28, "qwen3": 28}
 
 
 def _first_sliding_layer(config: dict) -> int | None:
@@ -61,7 +62,7 @@ def _first_sliding_layer(config: dict) -> int | None:
     if config.get("sliding_window") is None or kind == "llama":  # Llama has no windows
         return None
     if kind == "qwen2":
-        first = config.get("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT)
+        first = config.get("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT[kind])
         return first if config.get("use_sliding_window") else None
     return 0  # Mistral, and a SkipV1 Llama config (SkipV1LlamaConfig's rule)
 
