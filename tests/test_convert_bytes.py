@@ -1,7 +1,8 @@
 """`convert` copies the tensors it leaves unchanged byte for byte from the source files: the
-copied bytes are the source's, the shards are exactly what safetensors.save_file would write,
-the kernel copy and its fallbacks move the same bytes, and the output loads and computes as
-before."""
+copied bytes are the source's, small shards are exactly what safetensors.save_file would write,
+large ones keep each copied tensor at its source's offset modulo writer.ALIGNMENT (where the
+kernel copies fastest) and never mix two source files, the kernel copy and its fallbacks move
+the same bytes, and the output loads and computes as before."""
 
 import json
 import os
@@ -27,17 +28,28 @@ def mmap_unsupported(*args, **kwargs):
     raise OSError(19, "No such device")  # ENODEV: what mmap gives where a file system has none
 
 
-def raw_tensors(path: Path) -> dict[str, bytes]:
-    """Each tensor's bytes, read from the safetensors header by hand (no skipv1, no torch)."""
+def tensor_places(path: Path) -> dict[str, tuple[str, int, int]]:
+    """Each tensor's (file name, first byte's file offset, byte count), read from the
+    safetensors headers by hand (no skipv1, no torch)."""
     out = {}
     for file in sorted(path.glob("*.safetensors")):
-        data = file.read_bytes()
-        (length,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8 : 8 + length])
+        with open(file, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
         header.pop("__metadata__", None)
         for name, entry in header.items():
             begin, end = entry["data_offsets"]
-            out[name] = data[8 + length + begin : 8 + length + end]
+            out[name] = (file.name, 8 + length + begin, end - begin)
+    return out
+
+
+def raw_tensors(path: Path) -> dict[str, bytes]:
+    """Each tensor's bytes, read at the place its safetensors header gives."""
+    out = {}
+    for name, (file, at, count) in tensor_places(path).items():
+        with open(path / file, "rb") as f:
+            f.seek(at)
+            out[name] = f.read(count)
     return out
 
 
@@ -69,6 +81,41 @@ def test_unchanged_tensors_are_the_source_bytes_and_shards_are_what_save_file_wr
         torch.testing.assert_close(logits(model), logits(hand_built_skipv1(src, 1)), rtol=0, atol=0)
     else:
         assert torch.isfinite(logits(model)).all()
+
+
+def test_large_shards_keep_copied_tensors_at_their_source_offset_modulo_the_alignment(
+    checkpoint, tmp_path, converted
+):
+    # vocab x hidden fp32 = 5.1 MB embeddings and lm_head, each over the padding threshold
+    src = checkpoint(shards=2, vocab_size=20_000, num_key_value_heads=2)
+    dst = converted(src, tmp_path / "dst", "--init", "keep", "--shard-size", "3MB")
+    before, after = tensor_places(src), tensor_places(dst)
+    copied = set(before) - rewritten(dst)
+    big = {n for n in copied if before[n][2] >= writer.MIN_ALIGNED_BYTES}
+    assert {"model.embed_tokens.weight", "lm_head.weight"} <= big
+    for name in big:
+        assert (after[name][1] - before[name][1]) % writer.ALIGNMENT == 0, name
+    for shard in {file for file, _, _ in after.values()}:  # no shard mixes two source files
+        assert len({before[n][0] for n, place in after.items() if place[0] == shard}) == 1
+    source_bytes, output_bytes = raw_tensors(src), raw_tensors(dst)
+    assert all(output_bytes[n] == source_bytes[n] for n in copied)
+    model = AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True).eval()
+    torch.testing.assert_close(logits(model), logits(hand_built_skipv1(src, 1)), rtol=0, atol=0)
+
+
+def test_a_header_is_padded_to_align_the_most_copied_bytes_and_only_when_they_are_many():
+    a = writer.TensorSpec(BFLOAT16, (writer.MIN_ALIGNED_BYTES // 2,))  # the most bytes
+    n = writer.TensorSpec(BFLOAT16, (12,))
+    b = writer.TensorSpec(BFLOAT16, (writer.MIN_ALIGNED_BYTES // 4,))
+    specs = {"b": b, "n": n, "a": a}
+    source_at = {"b": 5000, "a": 5000 + b.nbytes + n.nbytes + 8}  # a sits 8 bytes further on
+    header, offsets = writer.shard_header(specs, ["b", "n", "a"], source_at)
+    assert len(header) % 8 == 0
+    assert offsets == {"b": len(header), "n": len(header) + b.nbytes, "a": offsets["n"] + n.nbytes}
+    assert (offsets["a"] - source_at["a"]) % writer.ALIGNMENT == 0
+    assert (offsets["b"] - source_at["b"]) % writer.ALIGNMENT != 0
+    header, _ = writer.shard_header({"n": n}, ["n"], {"n": 5000})
+    assert len(header) < 200  # a few copied bytes: no padding
 
 
 def test_a_shard_of_mixed_dtypes_is_byte_identical_to_save_file(tmp_path):

@@ -4,7 +4,7 @@ our own: the converter streams tensors in read order into shards as they fill)."
 
 from huggingface_hub import split_state_dict_into_shards_factory
 
-from skipv1.convert.plan import shard_layout
+from skipv1.convert.plan import shard_layout, shard_layout_by_source_file
 
 
 def hub_layout(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
@@ -28,3 +28,10 @@ def test_a_tensor_above_the_limit_gets_its_own_shard_in_read_order():
     sizes = [("a", 30), ("big", 500), ("b", 30), ("c", 30)]
     assert shard_layout(sizes, 100) == [["a"], ["big"], ["b", "c"]]
     assert hub_layout(sizes, 100) == [["big"], ["a", "b", "c"]]  # out of read order
+
+
+def test_a_layout_by_source_file_never_puts_two_source_files_in_one_shard():
+    sizes = [("a", 5), ("b", 5), ("c", 5), ("d", 5), ("e", 5)]
+    file_of = {"a": "1", "b": "1", "c": "2", "d": "2", "e": "2"}
+    assert shard_layout_by_source_file(sizes, file_of, 100) == [["a", "b"], ["c", "d", "e"]]
+    assert shard_layout_by_source_file(sizes, file_of, 10) == [["a", "b"], ["c", "d"], ["e"]]

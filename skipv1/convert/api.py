@@ -38,6 +38,7 @@ from .plan import (
     make_plan,
     shard_file_names,
     shard_layout,
+    shard_layout_by_source_file,
 )
 from .provenance import sha256_of, write_model_card, write_provenance
 from .reader import (
@@ -226,7 +227,11 @@ def prepare(root: Path, dst: Path, options: ConvertOptions) -> Prepared:
     forced = BY_NAME[options.dtype] if options.dtype != "auto" else None
     target_dtype = {n: forced or weights.refs[n].dtype for n in order}
     sizes = [(n, _nbytes(plan.tasks[n].target_shape, target_dtype[n])) for n in order]
-    layout = shard_layout(sizes, options.max_shard_bytes)
+    if weights.format == "safetensors":  # tensors are byte-copied: keep them page-aligned
+        file_of = {n: weights.refs[n].file for n in order}
+        layout = shard_layout_by_source_file(sizes, file_of, options.max_shard_bytes)
+    else:
+        layout = shard_layout(sizes, options.max_shard_bytes)
     out_config, changes = skipv1_config(config, plan, options.dtype if forced else None)
     companions = companion_files(root)
     if plan.init_method.calibrated and plan.skip_heads and not companions["tokenizer"]:
@@ -357,6 +362,7 @@ def write_output(
         n: TensorSpec(prepared.target_dtype[n], prepared.plan.tasks[n].target_shape)
         for n in prepared.order
     }
+    refs = prepared.weights.refs
     with byte_progress(quiet) as progress:
         task = progress.add_task("converting", total=prepared.bytes_out())
         written = write_shards(
@@ -365,6 +371,7 @@ def write_output(
             specs,
             converted_tensors(prepared, calibration),
             on_tensor=lambda name, nbytes: progress.advance(task, nbytes),
+            copied_from={n: refs[n].offset for n in byte_copied(prepared)},
         )
     (out / "config.json").write_text(json.dumps(prepared.out_config, indent=2) + "\n")
     copy_companions(prepared.root, out, prepared.companions)

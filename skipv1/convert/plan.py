@@ -2,6 +2,7 @@
 checkpoint must hold, with which shapes, and what happens to each (copy, or rewrite the value
 rows of a later layer's v_proj). Also the output shard layout, from tensor sizes."""
 
+import itertools
 from dataclasses import dataclass, field
 
 from ..checkpoint_info import SOURCE_ARCHITECTURES, architecture, default_skip_heads
@@ -276,6 +277,18 @@ def shard_layout(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[lis
     if current or not shards:
         shards.append(current)
     return shards
+
+
+def shard_layout_by_source_file(
+    sizes: list[tuple[str, int]], file_of: dict[str, str], max_shard_bytes: int
+) -> list[list[str]]:
+    """shard_layout within each source file (sizes in read order): an output shard never holds
+    tensors of two source files, so that the writer can keep every byte-copied tensor at its
+    source's offset within a page (writer.shard_header), which one header cannot do for two
+    files whose headers differ in length. The output has at least as many shards as the
+    source."""
+    groups = itertools.groupby(sizes, key=lambda item: file_of[item[0]])
+    return [shard for _, group in groups for shard in shard_layout(list(group), max_shard_bytes)]
 
 
 def shard_file_names(count: int) -> list[str]:

@@ -4,14 +4,16 @@ workspace of skipv1.atomic_dir).
 A planned shard's header is written first, from the plan's dtypes and shapes; each tensor then
 goes straight to its offset as it arrives, so nothing waits in memory. A tensor the plan leaves
 unchanged arrives as the byte range it has in its source file and is copied by the kernel
-(copy_file_range, else sendfile) without ever being decoded. A rewritten tensor arrives as a
-torch tensor or, from the torch-free path, as an arrays.Array."""
+(copy_file_range, else sendfile) without ever being decoded, at its source's offset modulo 64 KiB
+where the header's padding can place it (`shard_header`). A rewritten tensor
+arrives as a torch tensor or, from the torch-free path, as an arrays.Array."""
 
 import errno
 import json
 import math
 import os
 import struct
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,12 @@ NO_KERNEL_COPY = {
     errno.EPERM,
 }
 BUFFER_BYTES = 16 * 2**20
+# A kernel copy runs at cp's speed when source and destination offsets differ by a multiple of
+# 64 KiB, and up to 1.5x slower when they differ by a few 4 KiB pages (the page cache's folios;
+# measured with copy_file_range on ext4 for docs/results/convert.md): shard_header pads to it.
+ALIGNMENT = 64 * 2**10
+# Below this many copied bytes in a shard the padding would cost more than it saves.
+MIN_ALIGNED_BYTES = 64 * ALIGNMENT
 
 
 @dataclass(frozen=True)
@@ -56,12 +64,23 @@ class TensorSpec:
         return self.dtype.itemsize * math.prod(self.shape)
 
 
-def shard_header(specs: dict[str, TensorSpec]) -> tuple[bytes, dict[str, int]]:
-    """(the header bytes of a shard holding these tensors, each tensor's file offset)."""
-    rank = {name: i for i, name in enumerate(DTYPE_ORDER)}
-    names = sorted(specs, key=lambda n: (-rank[specs[n].dtype.code], n))
+def shard_header(
+    specs: dict[str, TensorSpec],
+    order: list[str] | None = None,
+    copied_from: dict[str, int] | None = None,
+) -> tuple[bytes, dict[str, int]]:
+    """(the header bytes of a shard holding these tensors, each tensor's file offset).
+
+    Without `order` the data follows safetensors.save_file's order (by dtype, then name) and
+    the shard is byte-identical to what save_file writes. `copied_from` maps the tensors copied
+    as byte ranges to their offsets in their source file: the header is then padded with spaces
+    (the format allows it) so that most of their bytes sit at their source's offset modulo
+    ALIGNMENT, where the kernel copies fastest."""
+    if order is None:
+        rank = {name: i for i, name in enumerate(DTYPE_ORDER)}
+        order = sorted(specs, key=lambda n: (-rank[specs[n].dtype.code], n))
     header, offsets, at = {"__metadata__": METADATA}, {}, 0
-    for name in names:
+    for name in order:
         spec = specs[name]
         header[name] = {
             "dtype": spec.dtype.code,
@@ -71,9 +90,28 @@ def shard_header(specs: dict[str, TensorSpec]) -> tuple[bytes, dict[str, int]]:
         offsets[name] = at
         at += spec.nbytes
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    text += b" " * (-len(text) % 8)  # safetensors pads the header to 8 bytes with spaces
+    length = _header_length(len(text), offsets, specs, copied_from or {})
+    text += b" " * (length - len(text))
     start = 8 + len(text)
     return struct.pack("<Q", len(text)) + text, {n: start + o for n, o in offsets.items()}
+
+
+def _header_length(
+    text_bytes: int, offsets: dict[str, int], specs: dict[str, TensorSpec], copied_from: dict
+) -> int:
+    """The header's padded length: a multiple of 8 (as safetensors pads it, so that every
+    tensor stays 8-byte aligned) that puts the most copied bytes at their source's offset
+    modulo ALIGNMENT."""
+    shortest = text_bytes + (-text_bytes % 8)
+    votes = Counter()
+    for name, source_at in copied_from.items():
+        votes[(source_at - 8 - offsets[name]) % ALIGNMENT] += specs[name].nbytes
+    if sum(votes.values()) < MIN_ALIGNED_BYTES:
+        return shortest
+    wanted = votes.most_common(1)[0][0]
+    if wanted % 8:  # unreachable without breaking the 8-byte alignment
+        return shortest
+    return shortest + (wanted - shortest) % ALIGNMENT
 
 
 def write_shards(
@@ -82,19 +120,20 @@ def write_shards(
     specs: dict[str, TensorSpec],
     tensors: Iterable[tuple[str, "torch.Tensor | Array | FileRange"]],
     on_tensor=None,
+    copied_from: dict[str, int] | None = None,
 ) -> dict:
     """Streams (name, tensor, Array or FileRange) pairs, arriving in layout order, into safetensors
-    shards whose headers come from `specs`. Writes the index last (when there is more than one
-    shard) and returns {"files": [...], "total_size": bytes}."""
+    shards whose headers come from `specs`. With `copied_from` (the source file offset of each
+    tensor arriving as a FileRange) a shard's data follows the layout's order and its copies keep
+    their page offsets (shard_header). Writes the index last (when there is more than one shard)
+    and returns {"files": [...], "total_size": bytes}."""
     files = shard_file_names(len(layout))
     shard_of = {name: i for i, names in enumerate(layout) for name in names}
     current, left, fd, offsets, weight_map = 0, set(), None, {}, {}
     try:
         for name, data in tensors:
             if fd is None and shard_of.get(name) == current:  # the next shard's first tensor
-                fd, offsets = _open_shard(
-                    out / files[current], {n: specs[n] for n in layout[current]}
-                )
+                fd, offsets = _open_shard(out / files[current], layout[current], specs, copied_from)
                 left = set(layout[current])
             if name not in left:
                 raise RuntimeError(f"tensor {name} arrived out of the planned shard order")
@@ -118,8 +157,15 @@ def write_shards(
     return {"files": files, "total_size": total}
 
 
-def _open_shard(path: Path, specs: dict[str, TensorSpec]) -> tuple[int, dict[str, int]]:
-    header, offsets = shard_header(specs)
+def _open_shard(
+    path: Path, names: list[str], specs: dict[str, TensorSpec], copied_from: dict | None
+) -> tuple[int, dict[str, int]]:
+    mine = {n: specs[n] for n in names}
+    if copied_from is None:
+        header, offsets = shard_header(mine)
+    else:
+        copies = {n: copied_from[n] for n in names if n in copied_from}
+        header, offsets = shard_header(mine, names, copies)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     _pwrite_all(fd, memoryview(header), 0)
     return fd, offsets
