@@ -75,9 +75,6 @@ class Family:
     # lm_head is the embedding matrix when config.json does not say (transformers' default for
     # the family: GPT-2, Gemma)
     tied_by_default: bool = False
-    # The calibrated inits (calibrated, reconstruct) run the family's layers through a forward
-    # written out by hand (calibrate.py, reconstruct.py); False refuses them for the family.
-    calibrated_inits: bool = True
     # q/k/v in one tensor per layer: where the value rows sit is convert/fused.py's layout
     fused_qkv: bool = False
     # (standard name, the family's name) of config.json fields (GPT-2's n_embd is hidden_size)
@@ -150,19 +147,13 @@ GEMMA3_TEXT = Family(
     norms=PRE_AND_POST_NORMS,
 )
 PHI3 = Family("phi3", "Phi3", {"Phi3ForCausalLM": "phi3"}, fused_qkv=True)
-# LayerNorms, parallel residual, partial rotary: the calibrated inits' Llama forward does not fit
-GPT_NEOX = Family(
-    "gpt_neox",
-    "GPTNeoX",
-    {"GPTNeoXForCausalLM": "gpt_neox"},
-    calibrated_inits=False,
-    fused_qkv=True,
-)
+# LayerNorms, parallel residual, partial rotary: the calibrated inits read its layers through
+# Llama-named faces (convert/faces.py), as GPT-2's
+GPT_NEOX = Family("gpt_neox", "GPTNeoX", {"GPTNeoXForCausalLM": "gpt_neox"}, fused_qkv=True)
 GPT2 = Family(
     "gpt2",
     "GPT2",
     {"GPT2LMHeadModel": "gpt2"},
-    calibrated_inits=False,
     fused_qkv=True,
     tied_by_default=True,
     config_aliases=(
