@@ -178,7 +178,9 @@ class FaceView:
         self.bare = src.bare_names
 
     def standard(self, name: str) -> str:
-        return f"transformer.{name}" if self.bare else name
+        """A checkpoint name (or a standard one: the distillation passes those) as standard."""
+        bare = self.bare and not name.startswith("transformer.")
+        return f"transformer.{name}" if bare else name
 
     def checkpoint(self, name: str) -> str:
         return name.removeprefix("transformer.") if self.bare else name
