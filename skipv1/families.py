@@ -176,6 +176,7 @@ MIXTRAL = Family(
     "mixtral",
     "Mixtral",
     {"MixtralForCausalLM": "mixtral"},
+    keeps_sliding_window=True,  # every layer slides, as in the source (no layer_types)
     experts=ExpertLayout("block_sparse_moe", "w1", "w3", "w2", "intermediate_size"),
 )
 QWEN3_MOE = Family(

@@ -31,15 +31,15 @@ class KVLayout:
 
 
 # layer_types a config.json without them gets from transformers (Gemma 2: sliding and global
-# layers alternate; Gemma 3: a global layer every `sliding_window_pattern`, default 6; Mistral:
-# every layer slides when `sliding_window` is set; Qwen2: with `use_sliding_window`, the layers
-# from `max_window_layers` on).
+# layers alternate; Gemma 3: a global layer every `sliding_window_pattern`, default 6; Mistral
+# and Mixtral: every layer slides when `sliding_window` is set; Qwen2: with `use_sliding_window`,
+# the layers from `max_window_layers` on).
 def _default_layer_types(config: dict) -> list[str]:
     family = family_of(config)
     if family is None or not family.keeps_sliding_window:
         return []
     layers = config.get("num_hidden_layers") or 0
-    if family is LLAMA:
+    if family is LLAMA or family.name == "mixtral":
         first = _first_sliding_layer(config)
         return [] if first is None else [_type(i >= first) for i in range(layers)]
     period = 2 if family.name == "gemma2" else config.get("sliding_window_pattern", 6)
