@@ -3,9 +3,10 @@ family keeps Mistral's: from a tiny random MixtralForCausalLM with a window of 4
 longer than it. s = 0 is the stock model (which full attention is not); s > 0: uncached ==
 DynamicCache == token by token == greedy generate, prefill within and past the window; the cache
 holds the window in every layer and its bytes per token are the formula's (no store: no layer
-attends globally); the calibrated inits' forward applies the window; `skipv1 convert` keeps the
-window and its output loads. The default init on a windowed Mixtral and its output's load with
-trust_remote_code where skipv1 is not installed: test_families_olmo2_moe.py (`WINDOWED`)."""
+attends globally); continuous batching == generate; the calibrated inits' forward applies the
+window; `skipv1 convert` keeps the window and its output loads. The default init on a windowed
+Mixtral and its output's load with trust_remote_code where skipv1 is not installed:
+test_families_olmo2_moe.py (`WINDOWED`)."""
 
 import json
 
@@ -121,3 +122,26 @@ def test_convert_keeps_the_window(tmp_path, cli):
         model = AutoModelForCausalLM.from_pretrained(dst).eval()
         assert model.config.sliding_window == WINDOW
         torch.testing.assert_close(model(x).logits, want, rtol=0, atol=0)
+
+
+def test_continuous_batching_beyond_the_window_gives_generate_s_tokens():
+    """Prompts and generations longer than the window, in pages of 4 tokens, two requests per
+    batch: the paged cache's windows (every layer slides)."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    model = converted(stock(), 1)
+    prompts, new = [[3, 4, 5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17]], 7
+    config = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cb = ContinuousBatchingConfig(
+        num_blocks=32, page_size=4, max_batch_tokens=12, max_requests_per_batch=2
+    )
+    out = model.generate_batch(prompts, generation_config=config, continuous_batching_config=cb)
+    got = [
+        r.generated_tokens
+        for r in sorted(out.values(), key=lambda r: int(r.request_id.split("_")[-1]))
+    ]
+    expected = [
+        model.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False)[0, len(p) :].tolist()
+        for p in prompts
+    ]
+    assert got == expected

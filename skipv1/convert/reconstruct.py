@@ -11,7 +11,11 @@ and for every later layer, on the converted stream:
    stream after attention matches the source's: the kept heads absorb part of what the
    borrowed ones lose, and the layer cancels part of the drift of the layers before it;
 3. refits the MLP's down_proj the same way, so that the layer's output matches the source
-   layer's output (a mixture of experts is kept: its experts are copied).
+   layer's output (a mixture of experts is kept: its experts are copied). With a parallel
+   residual (GPT-NeoX: out = x + attn(ln1 x) + mlp(ln2 x)) step 2's target is x_src + attn_src
+   and the MLP reads the converted layer input, so down_proj absorbs what the refitted attention
+   still misses of the source's output. GPT-NeoX's and GPT-2's layers are read through their
+   Llama-named faces (faces.py); the output projections' biases are kept.
 
 Where the family puts norms on the attention's and the MLP's outputs (OLMo-2, Gemma), each refit's
 target is the pre-norm output that the norm maps onto the wanted residual update
