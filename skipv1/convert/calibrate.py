@@ -461,6 +461,10 @@ def calibration_token_blocks(
 # --- glue with the converter ------------------------------------------------------------------
 
 
+def _as_is(result):
+    return result
+
+
 @dataclass
 class CalibrationRun:
     """What a calibrated init's `fit` reads: the source, its calibration tokens, the options."""
@@ -474,7 +478,7 @@ class CalibrationRun:
     progress: object  # a rich Progress
     device: str
     # the passes' result (Llama names) -> one applied to the source's tensor names (faces.py)
-    wrap: Callable = field(default=lambda result: result)
+    wrap: Callable = _as_is
 
     def layer_progress(self, label: str) -> Callable[[int], None]:
         task = self.progress.add_task(f"{label}: layers", total=self.config.num_hidden_layers)
@@ -499,13 +503,13 @@ def calibrate_source(prepared, options, quiet: bool):
     def load(names: list[str]) -> dict[str, torch.Tensor]:
         return dict(iter_tensors(prepared.weights, set(names)))
 
-    config, names, wrap = None, prepared.order, {}
+    config, names, wrap = None, prepared.order, _as_is
     view = LlamaView(plan.source) if plan.source.family.name == "phi3" else None
     if view is not None:  # fused projections: the pass runs the Llama the source computes
         config, load, names = view.config(prepared.out_config), view.loader(load), view.names(names)
     elif prepared.out_config["model_type"] in FACE_FAMILIES:  # GPT-NeoX, GPT-2: layer faces
         face = FaceView(plan.source, prepared.out_config["model_type"])
-        load, names, wrap = face.loader(load), face.names(names), {"wrap": face.wrap}
+        load, names, wrap = face.loader(load), face.names(names), face.wrap
     with step_progress(quiet) as progress:
         run = CalibrationRun(
             config or source_config(prepared.out_config),
@@ -516,7 +520,7 @@ def calibrate_source(prepared, options, quiet: bool):
             names,
             progress,
             calibration_device(),
-            **wrap,
+            wrap,
         )
         result = plan.init_method.fit(run)
     return result if view is None else view.wrap(result)
