@@ -65,7 +65,8 @@ class Family:
     sources: dict[str, str]  # source architecture -> source kind
     qk_norm: bool = False  # RMSNorm on each head's queries and keys (q_norm, k_norm)
     # A source with an active sliding window: True refuses it, False converts it with the
-    # context clamped to the window (exact within it), unless the family keeps it (below).
+    # context clamped to the window (exact within it), unless the family keeps it (below). No
+    # family refuses one today.
     refuse_sliding_window: bool = False
     # Sliding-window layers kept as the source has them (layer_types): the SkipV1 cache holds
     # layer 0's borrowed value heads for the full context (modeling_skipv1_core).
@@ -125,7 +126,7 @@ QWEN3 = Family(
     "Qwen3",
     {"Qwen3ForCausalLM": "qwen3"},
     qk_norm=True,
-    refuse_sliding_window=True,
+    keeps_sliding_window=True,  # layer_types from use_sliding_window / max_window_layers
 )
 GEMMA2 = Family(
     "gemma2",
@@ -184,7 +185,7 @@ QWEN3_MOE = Family(
     "Qwen3Moe",
     {"Qwen3MoeForCausalLM": "qwen3_moe"},
     qk_norm=True,
-    refuse_sliding_window=True,
+    keeps_sliding_window=True,  # with use_sliding_window every layer slides (no layer_types)
     experts=ExpertLayout("mlp", "gate_proj", "up_proj", "down_proj", "moe_intermediate_size"),
 )
 FAMILIES = (LLAMA, QWEN3, PHI3, GPT_NEOX, GPT2, OLMO2, MIXTRAL, QWEN3_MOE, GEMMA2, GEMMA3_TEXT)

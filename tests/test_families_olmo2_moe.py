@@ -27,7 +27,7 @@ from tests.factories import ARCHS, assert_all_load_without_skipv1, tiny_config
 
 FAMILIES = ("olmo2", "mixtral", "qwen3_moe")
 # a Mixtral whose window of 4 is active (every layer slides): converted with it kept, for the
-# default init's and the remote-code load's tests (the rest: test_mixtral_window.py)
+# default init's and the remote-code load's tests (the rest: test_family_windows.py)
 WINDOWED = "mixtral-window"
 SKIPV1_CLASS = {
     "olmo2": "SkipV1Olmo2ForCausalLM",
@@ -146,20 +146,16 @@ def test_plan_copies_experts_and_norms_and_moves_whole_projection_norms():
     assert qwen3_moe[p + "self_attn.v_proj.weight"].target_shape == (HEAD_DIM, 64)
 
 
-def test_sliding_windows_kept_for_mixtral_refused_for_qwen3_moe(tmp_path, cli):
-    """Mixtral's window is kept as the Llama family keeps Mistral's (test_mixtral_window.py);
-    Qwen3-MoE's refused as Qwen3's (its layer types are not kept yet)."""
-    mixtral = tiny_config("mixtral", num_key_value_heads=KV, sliding_window=32).to_dict()
-    mixtral["architectures"] = ["MixtralForCausalLM"]
-    out, changes = skipv1_config(mixtral, make_plan(mixtral, 1, "keep"), None)
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_active_sliding_windows_are_kept(arch):
+    """Mixtral's and Qwen3-MoE's windows are kept as the Llama family keeps Mistral's
+    (test_family_windows.py), not clamped or refused."""
+    window = {"use_sliding_window": True} if arch == "qwen3_moe" else {}
+    source = tiny_config(arch, num_key_value_heads=KV, sliding_window=32, **window).to_dict()
+    source["architectures"] = [ARCHS[arch][1].__name__]
+    out, changes = skipv1_config(source, make_plan(source, 1, "keep"), None)
     assert out["sliding_window"] == 32 and out["max_position_embeddings"] == 256
     assert not {"sliding_window", "max_position_embeddings"} & {c.field for c in changes}
-    src = tmp_path / "src"
-    ARCHS["qwen3_moe"][1](
-        tiny_config("qwen3_moe", use_sliding_window=True, sliding_window=32)
-    ).save_pretrained(src)
-    result = cli("convert", src, tmp_path / "dst", "--dry-run")
-    assert result.exit_code == 2 and "use_sliding_window" in result.output, result.output
 
 
 @pytest.fixture(scope="module")
