@@ -65,7 +65,8 @@ class Family:
     sources: dict[str, str]  # source architecture -> source kind
     qk_norm: bool = False  # RMSNorm on each head's queries and keys (q_norm, k_norm)
     # A source with an active sliding window: True refuses it, False converts it with the
-    # context clamped to the window (exact within it), unless the family keeps it (below).
+    # context clamped to the window (exact within it), unless the family keeps it (below). No
+    # family refuses one today.
     refuse_sliding_window: bool = False
     # Sliding-window layers kept as the source has them (layer_types): the SkipV1 cache holds
     # layer 0's borrowed value heads for the full context (modeling_skipv1_core).
@@ -75,9 +76,6 @@ class Family:
     # lm_head is the embedding matrix when config.json does not say (transformers' default for
     # the family: GPT-2, Gemma)
     tied_by_default: bool = False
-    # The calibrated inits (calibrated, reconstruct) run the family's layers through a forward
-    # written out by hand (calibrate.py, reconstruct.py); False refuses them for the family.
-    calibrated_inits: bool = True
     # q/k/v in one tensor per layer: where the value rows sit is convert/fused.py's layout
     fused_qkv: bool = False
     # (standard name, the family's name) of config.json fields (GPT-2's n_embd is hidden_size)
@@ -128,7 +126,7 @@ QWEN3 = Family(
     "Qwen3",
     {"Qwen3ForCausalLM": "qwen3"},
     qk_norm=True,
-    refuse_sliding_window=True,
+    keeps_sliding_window=True,  # layer_types from use_sliding_window / max_window_layers
 )
 GEMMA2 = Family(
     "gemma2",
@@ -150,19 +148,13 @@ GEMMA3_TEXT = Family(
     norms=PRE_AND_POST_NORMS,
 )
 PHI3 = Family("phi3", "Phi3", {"Phi3ForCausalLM": "phi3"}, fused_qkv=True)
-# LayerNorms, parallel residual, partial rotary: the calibrated inits' Llama forward does not fit
-GPT_NEOX = Family(
-    "gpt_neox",
-    "GPTNeoX",
-    {"GPTNeoXForCausalLM": "gpt_neox"},
-    calibrated_inits=False,
-    fused_qkv=True,
-)
+# LayerNorms, parallel residual, partial rotary: the calibrated inits read its layers through
+# Llama-named faces (convert/faces.py), as GPT-2's
+GPT_NEOX = Family("gpt_neox", "GPTNeoX", {"GPTNeoXForCausalLM": "gpt_neox"}, fused_qkv=True)
 GPT2 = Family(
     "gpt2",
     "GPT2",
     {"GPT2LMHeadModel": "gpt2"},
-    calibrated_inits=False,
     fused_qkv=True,
     tied_by_default=True,
     config_aliases=(
@@ -185,6 +177,7 @@ MIXTRAL = Family(
     "mixtral",
     "Mixtral",
     {"MixtralForCausalLM": "mixtral"},
+    keeps_sliding_window=True,  # every layer slides, as in the source (no layer_types)
     experts=ExpertLayout("block_sparse_moe", "w1", "w3", "w2", "intermediate_size"),
 )
 QWEN3_MOE = Family(
@@ -192,7 +185,7 @@ QWEN3_MOE = Family(
     "Qwen3Moe",
     {"Qwen3MoeForCausalLM": "qwen3_moe"},
     qk_norm=True,
-    refuse_sliding_window=True,
+    keeps_sliding_window=True,  # with use_sliding_window every layer slides (no layer_types)
     experts=ExpertLayout("mlp", "gate_proj", "up_proj", "down_proj", "moe_intermediate_size"),
 )
 FAMILIES = (LLAMA, QWEN3, PHI3, GPT_NEOX, GPT2, OLMO2, MIXTRAL, QWEN3_MOE, GEMMA2, GEMMA3_TEXT)

@@ -237,7 +237,7 @@ def test_active_sliding_window_of_mistral_and_qwen2_is_kept_per_layer(overrides,
     assert "max_position_embeddings" not in {c.field for c in changes}
 
 
-def test_active_sliding_window_of_mixtral_clamps_the_context_to_the_window():
+def test_active_sliding_window_of_mixtral_is_kept():
     source = llama_config(
         architectures=["MixtralForCausalLM"],
         model_type="mixtral",
@@ -246,8 +246,8 @@ def test_active_sliding_window_of_mixtral_clamps_the_context_to_the_window():
         sliding_window=128,
     )
     out, changes = skipv1_config(source, make_plan(source), dtype=None)
-    assert out["max_position_embeddings"] == 128 and out["sliding_window"] is None
-    assert any(c.field == "max_position_embeddings" and c.before == 256 for c in changes)
+    assert out["max_position_embeddings"] == 256 and out["sliding_window"] == 128
+    assert not {"max_position_embeddings", "sliding_window"} & {c.field for c in changes}
 
 
 def test_a_stray_sliding_window_of_a_llama_source_is_dropped():

@@ -26,10 +26,14 @@ from skipv1.modeling.layout import KVLayout
 from tests.factories import ARCHS, assert_all_load_without_skipv1, tiny_config
 
 FAMILIES = ("olmo2", "mixtral", "qwen3_moe")
+# a Mixtral whose window of 4 is active (every layer slides): converted with it kept, for the
+# default init's and the remote-code load's tests (the rest: test_family_windows.py)
+WINDOWED = "mixtral-window"
 SKIPV1_CLASS = {
     "olmo2": "SkipV1Olmo2ForCausalLM",
     "mixtral": "SkipV1MixtralForCausalLM",
     "qwen3_moe": "SkipV1Qwen3MoeForCausalLM",
+    WINDOWED: "SkipV1MixtralForCausalLM",
 }
 LAYERS, KV, HEAD_DIM = 3, 2, 16
 
@@ -42,6 +46,8 @@ def stock(arch: str, seed: int = 0):
     torch.manual_seed(seed)
     # Qwen3-MoE: layer 1 keeps a dense MLP (mlp_only_layers), as some of its configs do
     extra = {"mlp_only_layers": [1]} if arch == "qwen3_moe" else {}
+    if arch == WINDOWED:
+        arch, extra = "mixtral", {"sliding_window": 4}
     model = ARCHS[arch][1](tiny_config(arch, num_key_value_heads=KV, **extra)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -140,19 +146,16 @@ def test_plan_copies_experts_and_norms_and_moves_whole_projection_norms():
     assert qwen3_moe[p + "self_attn.v_proj.weight"].target_shape == (HEAD_DIM, 64)
 
 
-def test_sliding_windows_clamped_for_mixtral_refused_for_qwen3_moe(tmp_path, cli):
-    """Mixtral's window is clamped as the Llama family does for Mistral; Qwen3-MoE's refused
-    as Qwen3's (sliding-window caches are not SkipV1's yet)."""
-    mixtral = tiny_config("mixtral", num_key_value_heads=KV, sliding_window=32).to_dict()
-    mixtral["architectures"] = ["MixtralForCausalLM"]
-    out, _ = skipv1_config(mixtral, make_plan(mixtral, 1, "keep"), None)
-    assert out["sliding_window"] is None and out["max_position_embeddings"] == 32
-    src = tmp_path / "src"
-    ARCHS["qwen3_moe"][1](
-        tiny_config("qwen3_moe", use_sliding_window=True, sliding_window=32)
-    ).save_pretrained(src)
-    result = cli("convert", src, tmp_path / "dst", "--dry-run")
-    assert result.exit_code == 2 and "use_sliding_window" in result.output, result.output
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_active_sliding_windows_are_kept(arch):
+    """Mixtral's and Qwen3-MoE's windows are kept as the Llama family keeps Mistral's
+    (test_family_windows.py), not clamped or refused."""
+    window = {"use_sliding_window": True} if arch == "qwen3_moe" else {}
+    source = tiny_config(arch, num_key_value_heads=KV, sliding_window=32, **window).to_dict()
+    source["architectures"] = [ARCHS[arch][1].__name__]
+    out, changes = skipv1_config(source, make_plan(source, 1, "keep"), None)
+    assert out["sliding_window"] == 32 and out["max_position_embeddings"] == 256
+    assert not {"sliding_window", "max_position_embeddings"} & {c.field for c in changes}
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +165,7 @@ def conversions(tmp_path_factory, tokenizer_dir):
     without its distillation: {arch: (source model, source dir, {init: dst})}."""
     calib = ["--calib-data", "embedded:train", "--calib-tokens", "1024", "--calib-seq-len", "64"]
     runner, out = CliRunner(), {}
-    for arch in FAMILIES:
+    for arch in (*FAMILIES, WINDOWED):
         root = tmp_path_factory.mktemp(arch)
         source, src = stock(arch), root / "src"
         source.save_pretrained(src)
@@ -187,7 +190,7 @@ def conversions(tmp_path_factory, tokenizer_dir):
     return out
 
 
-@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("arch", [*FAMILIES, WINDOWED])
 def test_default_init_converts_the_family_closer_than_mean(arch, conversions, cli, tmp_path):
     """The default init (reconstruct) runs the family's own layers (OLMo-2's post-norms and
     whole-projection q/k norms, the MoE's experts) and ends closer to the source than `mean`;
@@ -201,7 +204,9 @@ def test_default_init_converts_the_family_closer_than_mean(arch, conversions, cl
     dst = dsts["default"]
     config = json.loads((dst / "config.json").read_text())
     family = family_of(config)
-    assert config["model_type"] == f"skipv1_{arch}" and config["auto_map"] == family.auto_map
+    assert config["model_type"] == f"skipv1_{family.name}" and config["auto_map"] == family.auto_map
+    if arch == WINDOWED:  # kept, not clamped
+        assert (config["sliding_window"], config["max_position_embeddings"]) == (4, 256)
     for name in family.modeling_files:
         assert (dst / name).read_text() == (Path("skipv1/modeling") / name).read_text()
     record = json.loads((dst / "skipv1_conversion.json").read_text())

@@ -129,13 +129,6 @@ def test_static_cache_and_continuous_batching_give_the_dynamic_cache_tokens():
     assert [r.generated_tokens for r in by_index] == dynamic
 
 
-def test_config_refuses_sliding_window_layers():
-    with pytest.raises(Exception, match="sliding_attention"):
-        SkipV1Qwen3Config(
-            **SHAPE, skip_v_heads=1, use_sliding_window=True, sliding_window=8, max_window_layers=1
-        )
-
-
 # --- convert ----------------------------------------------------------------------------------
 
 
@@ -191,19 +184,6 @@ def test_every_init_converts_qwen3_and_the_fitted_ones_are_closest(tmp_path, tok
         with torch.no_grad():
             errors[init] = (model(tokens).logits - source(tokens).logits).pow(2).mean().item()
     assert errors["reconstruct"] < errors["calibrated"] < errors["mean"], errors
-
-
-def test_convert_refuses_an_active_sliding_window(tmp_path, tokenizer_dir):
-    src = make_checkpoint(
-        tmp_path / "src",
-        arch="qwen3",
-        use_sliding_window=True,
-        sliding_window=32,
-        max_window_layers=1,
-    )
-    result = CliRunner().invoke(app, ["convert", str(src), str(tmp_path / "dst"), "--quiet"])
-    assert result.exit_code == 2, result.output
-    assert "use_sliding_window" in result.output and not (tmp_path / "dst").exists()
 
 
 def test_inspect_counts_the_real_parameters(qwen3_src, tmp_path):

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+from transformers.models.llama.modeling_llama import repeat_kv
 
 from ..errors import SkipV1Error
 from ..families import SKIPV1_MODEL_TYPES
@@ -32,6 +32,7 @@ from ..modeling import FAMILY_CLASSES
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 from ..packing import cut_blocks, token_stream
 from .experts import checkpoint_names, module_state
+from .faces import FACE_FAMILIES, FaceView, LayerFace, face_family, layer_prefix
 from .fused import LlamaView
 from .names import later_attention_norm, later_attention_projection
 
@@ -160,7 +161,10 @@ def family_of_config(config):
 
 
 def embed_inputs(config, load: LoadTensors, input_ids: torch.Tensor) -> torch.Tensor:
-    """Input embeddings of the calibration tokens (float); Gemma scales them by sqrt(hidden)."""
+    """Input embeddings of the calibration tokens (float); Gemma scales them by sqrt(hidden),
+    GPT-2 adds its learned positions (faces.py)."""
+    if face_family(config):
+        return face_family(config).embed(load, input_ids)
     embed = load(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
     hidden = embed.float()[input_ids]
     scaled = family_of_config(config).scaled_embeddings
@@ -170,6 +174,8 @@ def embed_inputs(config, load: LoadTensors, input_ids: torch.Tensor) -> torch.Te
 def rotary_tables(config, like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(cos, sin) of every layer for positions 0..T-1 of `like` (B, T, hidden): one RoPE for all
     layers, or one per layer type where the config has them (Gemma 3: local and global bases)."""
+    if face_family(config):  # GPT-NeoX's partial rotary, GPT-2's none
+        return face_family(config).rotary_tables(config, like)
     positions = torch.arange(like.shape[1], device=like.device).unsqueeze(0)
     types = list(getattr(config, "layer_types", None) or ["full_attention"])
     types += [types[-1]] * (config.num_hidden_layers - len(types))
@@ -238,21 +244,31 @@ def mlp_output_norm(layer):
     return _norm(layer, "mlp_output")
 
 
-def add_mlp(layer, hidden: torch.Tensor) -> torch.Tensor:
-    return hidden + _apply(mlp_output_norm(layer), layer.mlp(mlp_input(layer, hidden)))
+def mlp_reads(layer, layer_input: torch.Tensor, mid: torch.Tensor) -> torch.Tensor:
+    """The stream the MLP's input norm reads: the one after attention, or with a parallel
+    residual (GPT-NeoX: out = x + attn(ln1 x) + mlp(ln2 x)) the layer's input."""
+    return layer_input if getattr(layer, "parallel_residual", False) else mid
+
+
+def add_mlp(layer, mid: torch.Tensor, layer_input: torch.Tensor) -> torch.Tensor:
+    """The layer's output from the stream after attention (`mid`) and the layer's input."""
+    x = mlp_input(layer, mlp_reads(layer, layer_input, mid))
+    return mid + _apply(mlp_output_norm(layer), layer.mlp(x))
 
 
 def _load_layer(config: SkipV1LlamaConfig, load: LoadTensors, i: int):
-    """Decoder layer i of the source, of the config's family (Llama, Qwen3...)."""
+    """Decoder layer i of the source, of the config's family (Llama, Qwen3...); GPT-NeoX's and
+    GPT-2's behind their Llama-named faces (faces.py)."""
     causal_lm = FAMILY_CLASSES[config.model_type][1]
     with torch.device("meta"):
         layer = causal_lm.base_model_class.decoder_layer_class(config, i)
-    prefix = f"model.layers.{i}."
+    face = face_family(config)
+    prefix = layer_prefix(face, i) if face else f"model.layers.{i}."
     names = [prefix + name for name in layer.state_dict()]
     tensors = module_state(config, load(checkpoint_names(config, names)))
     state = {name[len(prefix) :]: t.float() for name, t in tensors.items()}
     layer.load_state_dict(state, assign=True, strict=True)
-    return layer.eval()
+    return (LayerFace(face, layer) if face else layer).eval()
 
 
 def source_layers(
@@ -291,13 +307,13 @@ def _layer_forward(layer, hidden, cos, sin, stats, first_values):
     x = attention_input(layer, hidden)
     # the family's own projections (Qwen3: q/k RMSNorm per head), before RoPE
     q, k, v = (t.transpose(1, 2) for t in attn.project(x, (batch, length, -1, attn.head_dim)))
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    q, k = attn.rotate(q, k, (cos, sin))  # the family's RoPE (GPT-NeoX: partial; GPT-2: none)
     probs = attention_probs(attn, q, k)
     mixed = probs @ repeat_kv(v, attn.num_key_value_groups)  # (B, H, T, d)
     if stats is not None:
         stats.add(probs, mixed, first_values)
     attn_out = attn.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1))
-    return add_mlp(layer, add_attention(layer, hidden, attn_out)), v
+    return add_mlp(layer, add_attention(layer, hidden, attn_out), hidden), v
 
 
 # Relative ridge strengths tried for each fit (times the mean diagonal of the fold's Z^T Z).
@@ -445,6 +461,10 @@ def calibration_token_blocks(
 # --- glue with the converter ------------------------------------------------------------------
 
 
+def _as_is(result):
+    return result
+
+
 @dataclass
 class CalibrationRun:
     """What a calibrated init's `fit` reads: the source, its calibration tokens, the options."""
@@ -457,6 +477,8 @@ class CalibrationRun:
     tensor_names: list[str]  # every tensor of the source, for passes that need the whole model
     progress: object  # a rich Progress
     device: str
+    # the passes' result (Llama names) -> one applied to the source's tensor names (faces.py)
+    wrap: Callable = _as_is
 
     def layer_progress(self, label: str) -> Callable[[int], None]:
         task = self.progress.add_task(f"{label}: layers", total=self.config.num_hidden_layers)
@@ -481,10 +503,13 @@ def calibrate_source(prepared, options, quiet: bool):
     def load(names: list[str]) -> dict[str, torch.Tensor]:
         return dict(iter_tensors(prepared.weights, set(names)))
 
-    config, names = None, prepared.order
+    config, names, wrap = None, prepared.order, _as_is
     view = LlamaView(plan.source) if plan.source.family.name == "phi3" else None
     if view is not None:  # fused projections: the pass runs the Llama the source computes
         config, load, names = view.config(prepared.out_config), view.loader(load), view.names(names)
+    elif prepared.out_config["model_type"] in FACE_FAMILIES:  # GPT-NeoX, GPT-2: layer faces
+        face = FaceView(plan.source, prepared.out_config["model_type"])
+        load, names, wrap = face.loader(load), face.names(names), face.wrap
     with step_progress(quiet) as progress:
         run = CalibrationRun(
             config or source_config(prepared.out_config),
@@ -495,6 +520,7 @@ def calibrate_source(prepared, options, quiet: bool):
             names,
             progress,
             calibration_device(),
+            wrap,
         )
         result = plan.init_method.fit(run)
     return result if view is None else view.wrap(result)

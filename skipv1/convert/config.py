@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..checkpoint_info import SOURCE_ARCHITECTURES
 from ..families import LLAMA
-from ..modeling.layout import MAX_WINDOW_LAYERS_DEFAULT, layer_types
+from ..modeling.layout import layer_types
 from . import fused
 from .plan import ConversionPlan
 
@@ -45,10 +45,7 @@ def sliding_window_active(config: dict) -> bool:
         return True
     if not config.get("use_sliding_window", False):
         return False
-    if config.get("layer_types"):
-        return "sliding_attention" in config["layer_types"]
-    first = config.get("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT.get(kind, 0))
-    return first < config.get("num_hidden_layers", 0)
+    return "sliding_attention" in layer_types(config)  # per max_window_layers (Qwen2, Qwen3)
 
 
 def _arch(config: dict) -> str:

@@ -19,6 +19,7 @@ from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 from ..modeling.modeling_skipv1_llama import SkipV1LlamaForCausalLM
 from ..uptrain.distill import distillation_loss
 from .experts import module_state
+from .faces import llama_names, model_state
 from .names import later_attention_projection
 
 LR = 1e-4
@@ -42,7 +43,7 @@ def distill_attention(
     state dict, `transform` the earlier stages' result, `config` the source (s = 0)."""
     teacher = _model(config, state, lambda name, t: t, 0, device)
     student = _model(config, state, transform, skip_heads, device)
-    trained = {n: p for n, p in student.named_parameters() if _later_attention(n)}
+    trained = {n: p for n, p in student.named_parameters() if _later_attention(config, n)}
     for name, p in student.named_parameters():
         p.requires_grad_(name in trained)
     optimizer = torch.optim.AdamW(trained.values(), lr=LR, weight_decay=0.0)
@@ -73,9 +74,10 @@ def distill_attention(
     return tensors, record
 
 
-def _later_attention(name: str) -> bool:
-    """q/k/v/o of layers >= 1: what the plan rewrites (a family's q/k norms stay the source's)."""
-    return later_attention_projection(name) is not None
+def _later_attention(config, name: str) -> bool:
+    """q/k/v/o of layers >= 1: what the plan rewrites (a family's q/k norms stay the source's);
+    GPT-NeoX's and GPT-2's fused q/k/v and output projections by their Llama names."""
+    return any(later_attention_projection(n) is not None for n in llama_names(config, name))
 
 
 def _model(config, state, transform, skip_heads, device) -> SkipV1LlamaForCausalLM:
@@ -87,21 +89,26 @@ def _model(config, state, transform, skip_heads, device) -> SkipV1LlamaForCausal
     # Trained tensors are copied so that training never writes into the caller's tensors.
     weights = {
         name: transform(name, t).float().clone()
-        if _later_attention(name)
+        if _later_attention(config, name)
         else transform(name, t).float()
         for name, t in state.items()
     }
     weights = module_state(config, weights)  # a mixture of experts: stacked as the modules are
+    weights = model_state(config, weights)  # GPT-NeoX's embed_out is lm_head
     missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
     if set(missing) - {"lm_head.weight"} or unexpected:
         raise ValueError(f"state does not fit the model: {missing[:3]} {unexpected[:3]}")
     if "lm_head.weight" in missing:
         model.tie_weights()
-    model.model.rotary_emb = type(model.model.rotary_emb)(model.config)  # buffers off meta
-    embed = model.model.embed_tokens
+    base = model.base_model
+    if hasattr(base, "rotary_emb"):  # buffers off meta (GPT-2 has no RoPE)
+        base.rotary_emb = type(base.rotary_emb)(model.config)
+    embed = getattr(base, "embed_tokens", None)
     if hasattr(embed, "scalar_embed_scale"):  # Gemma's scaled embeddings: their buffer too
         embed.embed_scale = torch.tensor(embed.scalar_embed_scale)
-    return model.to(device).train()
+    # eval: no dropout in teacher or student (GPT-2's configs default to 0.1); the gradients do
+    # not depend on the mode
+    return model.to(device).eval()
 
 
 def _kl(student, teacher, ids) -> torch.Tensor:

@@ -33,6 +33,10 @@ class Phi3Layout:
     describe = "[q | k | v]: all query rows, then all key rows, then the own value rows"
     prefix = "model.layers."
     value_tensors = ("self_attn.qkv_proj.weight",)
+    # the family's tensors (names in a layer, no .weight/.bias) that the calibrated inits read as
+    # Llama projections, and how: "qkv" (this layout's split/join), "linear" (the same tensor),
+    # "conv1d" (a Conv1D weight [in, out]: transposed). Phi-3 runs as a whole Llama (LlamaView).
+    llama_parts: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     def split(self, tensor: torch.Tensor, h: Heads):
         """(q, k, v) rows of a source tensor (every value head)."""
@@ -80,6 +84,14 @@ class GPTNeoXLayout:
     )
     prefix = "gpt_neox.layers."
     value_tensors = ("attention.query_key_value.weight", "attention.query_key_value.bias")
+    llama_parts = {
+        "attention.query_key_value": (
+            "qkv",
+            ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        ),
+        "attention.dense": ("linear", ("self_attn.o_proj",)),
+        "mlp.dense_4h_to_h": ("linear", ("mlp.down_proj",)),
+    }
 
     def split(self, tensor: torch.Tensor, h: Heads):
         rest = tensor.shape[1:]
@@ -136,6 +148,11 @@ class GPT2Layout(Phi3Layout):
         self.base, self.prefix = base, f"{base}h."
 
     value_tensors = ("attn.c_attn.weight", "attn.c_attn.bias")
+    llama_parts = {
+        "attn.c_attn": ("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+        "attn.c_proj": ("conv1d", ("self_attn.o_proj",)),
+        "mlp.c_proj": ("conv1d", ("mlp.down_proj",)),
+    }
     describe = (
         "[q | k | v] along the output dimension (dim 1 of the Conv1D weight [in, out]): all "
         "query columns, then all key columns, then the own value columns"
@@ -204,6 +221,20 @@ def later_value_layer(layout, name: str) -> int | None:
     if not index.isdigit() or int(index) < 1 or rest not in layout.value_tensors:
         return None
     return int(index)
+
+
+def llama_parts(layout, name: str) -> tuple[str, tuple[str, ...]] | None:
+    """(how, the Llama names) of a family tensor the calibrated inits read as Llama projections:
+    gpt_neox.layers.1.attention.dense.bias -> ("linear", ("model.layers.1.self_attn.o_proj.bias",));
+    None for any other tensor (plans stay torch-free: this is names only)."""
+    if layout is None or not name.startswith(layout.prefix):
+        return None
+    index, _, rest = name[len(layout.prefix) :].partition(".")
+    module, _, suffix = rest.rpartition(".")
+    if not index.isdigit() or module not in layout.llama_parts or suffix not in ("weight", "bias"):
+        return None
+    how, parts = layout.llama_parts[module]
+    return how, tuple(f"model.layers.{index}.{part}.{suffix}" for part in parts)
 
 
 def split_record(layout, src, skip_heads: int) -> dict:

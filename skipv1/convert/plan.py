@@ -223,11 +223,6 @@ def make_plan(
             f"choose 0 <= N <= {n_kv - 1}"
         )
     method = get_init(init)
-    if method.calibrated and s and not source.family.calibrated_inits:
-        raise SkipV1Error(
-            f"--init {init} is not available for {source.architecture} sources yet (its "
-            "calibration runs Llama layers): pass --init keep or --init mean"
-        )
     blocker = fused.calibration_blocker(source.family, config)
     if method.calibrated and s and blocker:
         raise SkipV1Error(
@@ -244,11 +239,18 @@ def make_plan(
         elif s and layout and fused.later_value_layer(layout, name):
             target = fused.target_shape(layout, source, s, shape)
             tasks[name] = TensorTask(name, REWRITE_V, shape, target)
-        elif s and (method.rewrites(name) or _moves_with_heads(source, method, name)):
+        elif s and (_rewritten(layout, method, name) or _moves_with_heads(source, method, name)):
             tasks[name] = TensorTask(name, CALIBRATE, shape, shape)
         else:
             tasks[name] = TensorTask(name, COPY, shape, shape)
     return ConversionPlan(source, s, init, tasks)
+
+
+def _rewritten(layout, method: Init, name: str) -> bool:
+    """Whether the init rewrites a tensor, asked in the Llama names (GPT-NeoX's attention.dense
+    is an o_proj, GPT-2's mlp.c_proj a down_proj: fused.llama_parts)."""
+    parts = fused.llama_parts(layout, name)
+    return any(map(method.rewrites, parts[1] if parts else (name,)))
 
 
 def _moves_with_heads(source: SourceModel, method: Init, name: str) -> bool:

@@ -11,7 +11,11 @@ and for every later layer, on the converted stream:
    stream after attention matches the source's: the kept heads absorb part of what the
    borrowed ones lose, and the layer cancels part of the drift of the layers before it;
 3. refits the MLP's down_proj the same way, so that the layer's output matches the source
-   layer's output (a mixture of experts is kept: its experts are copied).
+   layer's output (a mixture of experts is kept: its experts are copied). With a parallel
+   residual (GPT-NeoX: out = x + attn(ln1 x) + mlp(ln2 x)) step 2's target is x_src + attn_src
+   and the MLP reads the converted layer input, so down_proj absorbs what the refitted attention
+   still misses of the source's output. GPT-NeoX's and GPT-2's layers are read through their
+   Llama-named faces (faces.py); the output projections' biases are kept.
 
 Where the family puts norms on the attention's and the MLP's outputs (OLMo-2, Gemma), each refit's
 target is the pre-norm output that the norm maps onto the wanted residual update
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+from transformers.models.llama.modeling_llama import repeat_kv
 
 from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 from .calibrate import (
@@ -52,6 +56,7 @@ from .calibrate import (
     family_of_config,
     mlp_input,
     mlp_output_norm,
+    mlp_reads,
     source_layers,
 )
 
@@ -114,7 +119,7 @@ class _Attention:
         q, k, v = (t_.transpose(1, 2) for t_ in (self.q_norm(q), self.k_norm(k), v))
         if borrowed is not None:
             v = torch.cat([v, borrowed], dim=1)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q, k = self.layer.self_attn.rotate(q, k, (cos, sin))
         if self.softcap:  # SDPA cannot cap the logits (Gemma 2)
             out = attention_probs(self.layer.self_attn, q, k) @ repeat_kv(v, self.group)
         else:
@@ -156,13 +161,12 @@ def _permuted(linear, heads: list[int], d: int) -> tuple[torch.Tensor, torch.Ten
     return weight, bias
 
 
-def _mlp(layer, hidden):
-    return add_mlp(layer, hidden)
-
-
 def _down_input(layer, hidden):
-    """What the MLP's down_proj reads: act(gate(x)) * up(x)."""
+    """What the MLP's down_proj reads from the stream `hidden` its input norm reads:
+    act(gate(x)) * up(x); GPT-NeoX's and GPT-2's act(fc(x)) (faces.MLPFace)."""
     x = mlp_input(layer, hidden)
+    if hasattr(layer.mlp, "down_input"):
+        return layer.mlp.down_input(x)
     return layer.mlp.act_fn(layer.mlp.gate_proj(x)) * layer.mlp.up_proj(x)
 
 
@@ -220,7 +224,10 @@ def reconstruct(
     first = _Attention(layer, list(range(config.num_key_value_heads)), config.num_key_value_heads)
     borrowed = torch.cat([_values(first, hidden[b])[:, own:] for b in batches])
     source = torch.cat(
-        [_mlp(layer, add_attention(layer, hidden[b], first(hidden[b], cos, sin))) for b in batches]
+        [
+            add_mlp(layer, add_attention(layer, hidden[b], first(hidden[b], cos, sin)), hidden[b])
+            for b in batches
+        ]
     )
     converted = source
     if on_layer:
@@ -245,7 +252,7 @@ def source_hidden_states(config, load: LoadTensors, input_ids: torch.Tensor) -> 
     states, kv = [], config.num_key_value_heads
     for _, layer, (cos, sin) in layers:
         attn = _Attention(layer, list(range(kv)), kv)
-        hidden = _mlp(layer, add_attention(layer, hidden, attn(hidden, cos, sin)))
+        hidden = add_mlp(layer, add_attention(layer, hidden, attn(hidden, cos, sin)), hidden)
         states.append(hidden)
     return states
 
@@ -270,7 +277,7 @@ class _LayerFit:
         src_mid = self._map(
             lambda b: add_attention(layer, source[b], src_attn(source[b], self.cos, self.sin))
         )
-        src_out = self._map(lambda b: _mlp(layer, src_mid[b]))
+        src_out = self._map(lambda b: add_mlp(layer, src_mid[b], source[b]))
         order, choice_error = self._choose_heads(converted, borrowed)
         self.attn = _Attention(layer, order, self.own)
         mixed = lambda b: self.attn.mixed(converted[b], self.cos, self.sin, borrowed[b])  # noqa: E731
@@ -296,20 +303,24 @@ class _LayerFit:
         down_ridge = None
         self.dense = _dense_mlp(layer)
         if self.dense:  # down_proj: mid + MLP ~ the source layer's output.
+            # With a parallel residual the MLP reads the layer's input, not mid; the target is
+            # the same: what the source layer's output lacks after the refitted attention.
             down, mlp_norm = layer.mlp.down_proj, mlp_output_norm(layer)
             down.weight.data, down_ridge = _ridge_fit(
                 self._pairs(
-                    lambda b: _down_input(layer, mid[b]),
+                    lambda b: _down_input(layer, mlp_reads(layer, converted[b], mid[b])),
                     lambda b: _pre_norm_target(
                         mlp_norm,
                         src_out[b] - mid[b],
-                        None if mlp_norm is None else layer.mlp(mlp_input(layer, src_mid[b])),
+                        None
+                        if mlp_norm is None
+                        else layer.mlp(mlp_input(layer, mlp_reads(layer, source[b], src_mid[b]))),
                     ),
                     down.bias,
                 ),
                 down.weight.detach(),
             )
-        out = self._map(lambda b: _mlp(layer, mid[b]))
+        out = self._map(lambda b: add_mlp(layer, mid[b], converted[b]))
         record = {
             "order": order,
             "error_head_choice": choice_error,
@@ -369,7 +380,7 @@ def _probs_and_mix(attn: _Attention, hidden, cos, sin):
     q, k = attn.q_norm(q).transpose(1, 2), attn.k_norm(k).transpose(1, 2)
     v = F.linear(x, attn.layer.self_attn.v_proj.weight, attn.layer.self_attn.v_proj.bias)
     v = v.view(b, t, -1, attn.d).transpose(1, 2)
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    q, k = attn.layer.self_attn.rotate(q, k, (cos, sin))
     probs = attention_probs(attn.layer.self_attn, q, k)
     return probs, probs @ repeat_kv(v, attn.group)
 

@@ -9,13 +9,14 @@ import sys
 from huggingface_hub.dataclasses import strict
 from transformers import MixtralConfig
 
-from .modeling_skipv1_core import TP_PLAN_OVERRIDES, SkipV1ConfigMixin, refuse_sliding_window
+from .modeling_skipv1_core import TP_PLAN_OVERRIDES, SkipV1ConfigMixin
 
 
 @strict
 class SkipV1MixtralConfig(SkipV1ConfigMixin, MixtralConfig):
-    r"""A Mixtral config plus the SkipV1 fields (full attention only: an active sliding window
-    is refused).
+    r"""A Mixtral config plus the SkipV1 fields. A `sliding_window` applies to every layer, as in
+    Mixtral (and Mistral): each layer's cache holds the window, and a later layer borrows layer
+    0's values at the positions of its own keys, which are layer 0's.
 
     skip_v_heads (`int`): value heads, counted in KV heads, that every layer from the second on
         takes from the first layer's value tensor (head indices `n_kv - s .. n_kv - 1`).
@@ -35,10 +36,6 @@ class SkipV1MixtralConfig(SkipV1ConfigMixin, MixtralConfig):
         super().__post_init__(**kwargs)
         if self.head_dim is None:  # Mixtral's attention falls back to this; the core reads it
             self.head_dim = self.hidden_size // self.num_attention_heads
-
-    def validate_architecture(self):
-        super().validate_architecture()
-        refuse_sliding_window(self)
 
 
 __all__ = ["SkipV1MixtralConfig"]

@@ -14,8 +14,9 @@ from .modeling_skipv1_core import TP_PLAN_OVERRIDES, SkipV1ConfigMixin
 
 @strict
 class SkipV1Qwen3Config(SkipV1ConfigMixin, Qwen3Config):
-    r"""A Qwen3 config plus the SkipV1 fields (full attention only: sliding-window layers are
-    refused).
+    r"""A Qwen3 config plus the SkipV1 fields. Its sliding-window layers (`layer_types`, from
+    `use_sliding_window` and `max_window_layers` as Qwen3's) are kept: the core's cache layers
+    keep what a later layer borrows from a sliding layer 0 (as for Qwen2).
 
     skip_v_heads (`int`): value heads, counted in KV heads, that every layer from the second on
         takes from the first layer's value tensor (head indices `n_kv - s .. n_kv - 1`).
@@ -26,6 +27,8 @@ class SkipV1Qwen3Config(SkipV1ConfigMixin, Qwen3Config):
     model_type = "skipv1_qwen3"
     # Qwen3's tensor-parallel plan, except the value heads (see TPValueHeads in the core file).
     base_model_tp_plan = {**Qwen3Config.base_model_tp_plan, **TP_PLAN_OVERRIDES}
+
+    supports_sliding_window = True
 
     skip_v_heads: int = 0
     o_proj_bias: bool | None = None

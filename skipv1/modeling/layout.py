@@ -31,19 +31,19 @@ class KVLayout:
 
 
 # layer_types a config.json without them gets from transformers (Gemma 2: sliding and global
-# layers alternate; Gemma 3: a global layer every `sliding_window_pattern`, default 6; Mistral:
-# every layer slides when `sliding_window` is set; Qwen2: with `use_sliding_window`, the layers
-# from `max_window_layers` on).
+# layers alternate; Gemma 3: a global layer every `sliding_window_pattern`, default 6; Mistral
+# and Mixtral: every layer slides when `sliding_window` is set; Qwen2: with `use_sliding_window`,
+# the layers from `max_window_layers` on).
 def _default_layer_types(config: dict) -> list[str]:
     family = family_of(config)
     if family is None or not family.keeps_sliding_window:
         return []
     layers = config.get("num_hidden_layers") or 0
-    if family is LLAMA:
-        first = _first_sliding_layer(config)
-        return [] if first is None else [_type(i >= first) for i in range(layers)]
-    period = 2 if family.name == "gemma2" else config.get("sliding_window_pattern", 6)
-    return [_type((i + 1) % period) for i in range(layers)]
+    if family.name.startswith("gemma"):
+        period = 2 if family.name == "gemma2" else config.get("sliding_window_pattern", 6)
+        return [_type((i + 1) % period) for i in range(layers)]
+    first = _first_sliding_layer(config)
+    return [] if first is None else [_type(i >= first) for i in range(layers)]
 
 
 def _type(sliding: bool) -> str:
@@ -51,20 +51,27 @@ def _type(sliding: bool) -> str:
 
 
 # transformers' default `max_window_layers` (the layers from it on slide) of the sources that
-# have the field; Qwen3-MoE has none: with `use_sliding_window` every layer slides.
-MAX_WINDOW_LAYERS_DEFAULT = {"qwen2": 28, "qwen3": 28}
+# have the field; Qwen3-MoE does not read it: with `use_sliding_window` every layer slides.
+MAX_WINDOW_LAYERS_DEFAULT = {"qwen2": 28, "qwen3": 28, "qwen3_moe": 0}
 
 
 def _first_sliding_layer(config: dict) -> int | None:
-    """A Llama-family config's first sliding-window layer (None: none slides)."""
+    """The first sliding-window layer of a config whose window, when it applies, applies from
+    one layer on (None: none slides): the Llama family's, Mixtral's, Qwen3's, Qwen3-MoE's."""
     kind = SOURCE_ARCHITECTURES.get((config.get("architectures") or [None])[0])
     kind = kind or config.get("model_type")
     if config.get("sliding_window") is None or kind == "llama":  # Llama has no windows
         return None
-    if kind == "qwen2":
-        first = config.get("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT[kind])
-        return first if config.get("use_sliding_window") else None
-    return 0  # Mistral, and a SkipV1 Llama config (SkipV1LlamaConfig's rule)
+    kind = {"skipv1_qwen3": "qwen3", "skipv1_qwen3_moe": "qwen3_moe"}.get(kind, kind)
+    if kind in MAX_WINDOW_LAYERS_DEFAULT:  # the window applies with use_sliding_window only
+        if not config.get("use_sliding_window"):
+            return None
+        return (
+            0
+            if kind == "qwen3_moe"
+            else config.get("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT[kind])
+        )
+    return 0  # Mistral, Mixtral, and a SkipV1 Llama config (SkipV1LlamaConfig's rule)
 
 
 def layer_types(config: Any) -> list[str]:

@@ -592,13 +592,3 @@ def share_weight_conversions(model_type: str, source_model_type: str) -> None:
     mapping = get_checkpoint_conversion_mapping(source_model_type)
     if mapping is not None:
         register_checkpoint_conversion_mapping(model_type, mapping, overwrite=True)
-
-
-def refuse_sliding_window(config) -> None:
-    """Families whose config has one `sliding_window` for every layer (Mixtral, Qwen3-MoE): an
-    active window is refused, as `layer_types` sliding layers are (see SkipV1ConfigMixin)."""
-    if getattr(config, "sliding_window", None) is not None:
-        raise ValueError(
-            f"sliding_window={config.sliding_window}: SkipV1 attends over the full context only "
-            "(set sliding_window=null and use_sliding_window=false)."
-        )

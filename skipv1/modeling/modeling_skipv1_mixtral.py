@@ -3,7 +3,9 @@ MLP), except that layers >= 1 compute only their first `n_kv - s` value heads an
 `s` from layer 0's value tensor. The borrow logic, the cache layers and the loading check are
 the family-independent core (`modeling_skipv1_core.py`); this file mixes them into the Mixtral
 classes. The experts are Mixtral's own, loaded from the Hub's per-expert tensors by Mixtral's
-weight conversion.
+weight conversion. A sliding window is kept as Mixtral has it, on every layer (Mixtral's model
+forward masks with it; the cache holds the window in every layer, so a later layer's borrowed
+heads are layer 0's windowed values at its own key positions: no full-length store).
 
 This file is copied next to converted weights (see `auto_map`), so it imports only torch,
 transformers and its sibling configuration, core and paged-cache files.
@@ -29,7 +31,12 @@ from .modeling_skipv1_core import (
 
 
 class SkipV1MixtralAttention(SkipV1AttentionMixin, MixtralAttention):
-    pass
+    def __init__(self, config: SkipV1MixtralConfig, layer_idx: int):
+        super().__init__(config, layer_idx=layer_idx)
+        self.sliding_window = config.sliding_window  # every layer's, as Mixtral's attention
+
+    def attention_kwargs(self) -> dict:
+        return {"sliding_window": self.sliding_window}
 
 
 class SkipV1MixtralDecoderLayer(MixtralDecoderLayer):

@@ -27,7 +27,9 @@ from .modeling_skipv1_core import (
 
 
 class SkipV1Qwen3Attention(PerHeadQKNormMixin, SkipV1AttentionMixin, Qwen3Attention):
-    pass  # the per-head q/k norms are the difference
+    # the per-head q/k norms are the difference
+    def attention_kwargs(self) -> dict:
+        return {"sliding_window": self.sliding_window}  # its layer type's (Qwen3's attention)
 
 
 class SkipV1Qwen3DecoderLayer(Qwen3DecoderLayer):

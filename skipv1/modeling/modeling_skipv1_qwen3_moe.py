@@ -30,7 +30,9 @@ from .modeling_skipv1_core import (
 
 
 class SkipV1Qwen3MoeAttention(PerHeadQKNormMixin, SkipV1AttentionMixin, Qwen3MoeAttention):
-    pass  # the per-head q/k norms are the difference
+    # the per-head q/k norms are the difference
+    def attention_kwargs(self) -> dict:
+        return {"sliding_window": self.sliding_window}  # every layer's (Qwen3-MoE's attention)
 
 
 class SkipV1Qwen3MoeDecoderLayer(Qwen3MoeDecoderLayer):

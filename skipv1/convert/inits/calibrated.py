@@ -28,7 +28,7 @@ class Calibrated(Init):
         return calibrate
 
     def fit(self, run):
-        return self.layer_fit()(
+        result = self.layer_fit()(
             run.config,
             run.load,
             run.ids,
@@ -36,3 +36,4 @@ class Calibrated(Init):
             on_layer=run.layer_progress(self.name),
             device=run.device,
         )
+        return run.wrap(result)
