@@ -64,12 +64,9 @@ class Family:
     class_prefix: str  # "Llama": SkipV1LlamaConfig, SkipV1LlamaForCausalLM
     sources: dict[str, str]  # source architecture -> source kind
     qk_norm: bool = False  # RMSNorm on each head's queries and keys (q_norm, k_norm)
-    # A source with an active sliding window: True refuses it, False converts it with the
-    # context clamped to the window (exact within it), unless the family keeps it (below). No
-    # family refuses one today.
-    refuse_sliding_window: bool = False
     # Sliding-window layers kept as the source has them (layer_types): the SkipV1 cache holds
-    # layer 0's borrowed value heads for the full context (modeling_skipv1_core).
+    # layer 0's borrowed value heads for the full context (modeling_skipv1_core). A family that
+    # does not keep them is converted with the context clamped to the window (exact within it).
     keeps_sliding_window: bool = False
     # input embeddings times sqrt(hidden_size) (Gemma)
     scaled_embeddings: bool = False

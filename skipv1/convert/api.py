@@ -20,13 +20,12 @@ from ..atomic_dir import (
 from ..checkpoint_info import check_supported, is_skipv1, read_config
 from ..console import byte_progress, console
 from ..errors import SkipV1Error
-from ..families import family_of
 from ..smollm2 import smollm2_gguf_path
 from ..units import BFLOAT16, BY_NAME, DType
 from .ahead import converted_ahead
 from .arrays import Array
 from .companions import companion_files, copy_companions, copy_modeling_code
-from .config import ConfigChange, skipv1_config, sliding_window_active
+from .config import ConfigChange, skipv1_config
 from .fused import has_bare_names
 from .options import ConvertOptions
 from .plan import (
@@ -182,13 +181,6 @@ def check_source_config(config: dict, root: Path, trust_remote_code: bool) -> No
             "never runs it, but its weights may not follow the standard layout: pass "
             "--trust-remote-code to convert it as a standard "
             f"{(config.get('architectures') or ['?'])[0]}"
-        )
-    family = family_of(config)
-    if family and family.refuse_sliding_window and sliding_window_active(config):
-        raise SkipV1Error(
-            f"{root}/config.json has use_sliding_window: true with sliding_window "
-            f"{config.get('sliding_window')}: SkipV1 {family.class_prefix} attends over the full "
-            "context only; convert a checkpoint without sliding-window layers"
         )
     heads, n_kv = config["num_attention_heads"], config.get("num_key_value_heads") or 0
     if n_kv and heads % n_kv:
