@@ -109,6 +109,23 @@ def write_source(path: Path) -> Path:
     return path
 
 
+def settle(shards: list[Path]) -> None:
+    """The same page-cache state before every timed command: cached pages dropped where this
+    process may (root: the kernel's copy speed depends on how much memory it must reclaim first,
+    and `cp` ran 1.1 or 3 CPU seconds in rounds of one run without it), then the source read
+    back in."""
+    subprocess.run(["sync"], check=True)
+    global DROPPED
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        DROPPED = False
+    subprocess.run(["cat", *map(str, shards)], stdout=subprocess.DEVNULL, check=True)
+
+
+DROPPED = True  # whether settle could drop the page cache every time
+
+
 def timed(cmd: list[str], env: dict | None = None) -> dict:
     """Wall seconds of one subprocess, of the `sync` after it (both commands pay for getting
     their bytes to disk, not only into the page cache), its peak RSS and its stdout."""
@@ -179,12 +196,12 @@ def run(work: Path, shard_size: str, repeat: int, baseline: Path | None) -> str:
     if baseline is not None:
         path = [str(baseline.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])]
         envs["baseline"] = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    # Warm the page cache the same way for all: read the source once before timing.
-    subprocess.run(["cat", *map(str, shards)], stdout=subprocess.DEVNULL, check=True)
     for _ in range(repeat):
+        settle(shards)
         runs["cp"].append(timed(["cp", "-r", str(src), str(work / "copy")]))
         shutil.rmtree(work / "copy")
         for kind, env in envs.items():
+            settle(shards)
             runs[kind].append(timed(convert_cmd, env))
             dst_bytes = dir_bytes(work / "dst")
             shutil.rmtree(work / "dst")
@@ -231,8 +248,14 @@ def report(runs, shard_size, src_bytes, n_shards, largest_shard, dst_bytes, boun
         f"random Llama checkpoint (bf16, {SHAPE['layers']} layers, hidden {SHAPE['hidden']}, "
         f"{SHAPE['heads']} MHA heads, vocab {SHAPE['vocab']}), then times `cp -r SRC COPY` and "
         f"`skipv1 convert SRC DST --json --init {INIT} --shard-size {shard_size}` (default "
-        "s = 16), interleaved, each followed by `sync`, all from a page-cache-warm source. "
-        "Times are medians over the rounds, with the fastest and slowest round; CPU seconds are "
+        "s = 16), interleaved, each followed by `sync`, each from a page-cache-warm source "
+        + (
+            "(the page cache dropped, then the source read back in, before every command). "
+            if DROPPED
+            else "(the source read back in before every command; the page cache "
+            "could not be dropped: not root). "
+        )
+        + "Times are medians over the rounds, with the fastest and slowest round; CPU seconds are "
         "the child's own (start-up included, `sync` not), which another load on the machine "
         "changes less than wall time.",
         "",

@@ -134,15 +134,17 @@ def write_shards(
         for name, data in tensors:
             if fd is None and shard_of.get(name) == current:  # the next shard's first tensor
                 fd, offsets = _open_shard(out / files[current], layout[current], specs, copied_from)
+                copies = _Copies(fd)
                 left = set(layout[current])
             if name not in left:
                 raise RuntimeError(f"tensor {name} arrived out of the planned shard order")
-            _write_tensor(fd, offsets[name], specs[name], name, data)
+            _write_tensor(copies, offsets[name], specs[name], name, data)
             left.remove(name)
             weight_map[name] = files[current]
             if on_tensor is not None:
                 on_tensor(name, specs[name].nbytes)
             if not left:
+                copies.flush()
                 os.close(fd)
                 fd, current = None, current + 1
     finally:
@@ -171,12 +173,13 @@ def _open_shard(
     return fd, offsets
 
 
-def _write_tensor(fd: int, at: int, spec: TensorSpec, name: str, data) -> None:
+def _write_tensor(copies: "_Copies", at: int, spec: TensorSpec, name: str, data) -> None:
     if isinstance(data, FileRange):
         if data.nbytes != spec.nbytes:
             raise RuntimeError(f"{name}: {data.nbytes} source bytes, the plan says {spec.nbytes}")
-        copy_range(data, fd, at)
+        copies.add(data, at)
         return
+    fd = copies.fd
     dtype = data.dtype if isinstance(data, Array) else dtype_named(data.dtype)
     if dtype != spec.dtype or tuple(data.shape) != spec.shape:
         raise RuntimeError(
@@ -186,6 +189,38 @@ def _write_tensor(fd: int, at: int, spec: TensorSpec, name: str, data) -> None:
     # The tensor's own memory, viewed as bytes: no copy unless it is not contiguous.
     array = data.data if isinstance(data, Array) else Array.from_torch(data).data
     _pwrite_all(fd, memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)), at)
+
+
+class _Copies:
+    """A shard's byte-range copies, merged while each continues the last one in the same source
+    file and in the shard: a run of unchanged tensors is one kernel copy, not one per tensor
+    (what cp does for a whole file). `flush` copies the run held back."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.run: tuple[FileRange, int] | None = None  # (source bytes, shard offset)
+
+    def add(self, src: FileRange, at: int) -> None:
+        if self.run is not None and _continues(*self.run, src, at):
+            held, start = self.run
+            self.run = (FileRange(held.path, held.offset, held.nbytes + src.nbytes), start)
+            return
+        self.flush()
+        self.run = (src, at)
+
+    def flush(self) -> None:
+        if self.run is not None:
+            copy_range(self.run[0], self.fd, self.run[1])
+            self.run = None
+
+
+def _continues(held: FileRange, start: int, src: FileRange, at: int) -> bool:
+    """Whether `src` at shard offset `at` comes right after `held` at `start` on both sides."""
+    return (
+        held.path == src.path
+        and src.offset == held.offset + held.nbytes
+        and at == start + held.nbytes
+    )
 
 
 def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
