@@ -109,11 +109,11 @@ def write_source(path: Path) -> Path:
     return path
 
 
-def settle(shards: list[Path]) -> None:
+def settle(shards: list[Path], env: dict | None = None) -> None:
     """The same page-cache state before every timed command: cached pages dropped where this
     process may (root: the kernel's copy speed depends on how much memory it must reclaim first,
-    and `cp` ran 1.1 or 3 CPU seconds in rounds of one run without it), then the source read
-    back in."""
+    and `cp` ran 1.1 or 3 CPU seconds in rounds of one run without it), then the source and
+    both programs' files read back in."""
     subprocess.run(["sync"], check=True)
     global DROPPED
     try:
@@ -121,8 +121,12 @@ def settle(shards: list[Path]) -> None:
     except OSError:
         DROPPED = False
     subprocess.run(["cat", *map(str, shards)], stdout=subprocess.DEVNULL, check=True)
+    # and both programs' own files (the interpreter's imports, cp's binary)
+    subprocess.run([SKIPV1, "convert", "--help"], stdout=subprocess.DEVNULL, check=True, env=env)
+    subprocess.run(["cp", "--version"], stdout=subprocess.DEVNULL, check=True)
 
 
+SKIPV1 = str(Path(sys.executable).parent / "skipv1")
 DROPPED = True  # whether settle could drop the page cache every time
 
 
@@ -181,6 +185,10 @@ def spread(values: list[float], unit: str = " s") -> str:
     return f"{statistics.median(values):.2f}{unit} (min {min(values):.2f}, max {max(values):.2f})"
 
 
+def rounds(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values) + " s"
+
+
 def run(work: Path, shard_size: str, repeat: int, baseline: Path | None) -> str:
     from transformers.utils.hub import convert_file_size_to_int
 
@@ -188,8 +196,7 @@ def run(work: Path, shard_size: str, repeat: int, baseline: Path | None) -> str:
     src_bytes = dir_bytes(src)
     shards = sorted(src.glob("*.safetensors"))
     largest_shard = max(p.stat().st_size for p in shards)
-    skipv1 = str(Path(sys.executable).parent / "skipv1")
-    convert_cmd = [skipv1, "convert", str(src), str(work / "dst"), "--json", "--init", INIT]
+    convert_cmd = [SKIPV1, "convert", str(src), str(work / "dst"), "--json", "--init", INIT]
     convert_cmd += ["--shard-size", shard_size]
     runs: dict[str, list[dict]] = {"cp": [], "convert": [], "baseline": []}
     envs = {"convert": None}
@@ -201,7 +208,7 @@ def run(work: Path, shard_size: str, repeat: int, baseline: Path | None) -> str:
         runs["cp"].append(timed(["cp", "-r", str(src), str(work / "copy")]))
         shutil.rmtree(work / "copy")
         for kind, env in envs.items():
-            settle(shards)
+            settle(shards, env)
             runs[kind].append(timed(convert_cmd, env))
             dst_bytes = dir_bytes(work / "dst")
             shutil.rmtree(work / "dst")
@@ -218,6 +225,7 @@ def report(runs, shard_size, src_bytes, n_shards, largest_shard, dst_bytes, boun
         ("output", f"{dst_bytes / gb:.2f} GB"),
         ("rounds (cp, then each convert, interleaved)", f"{len(cp)}"),
         ("`cp -r` + `sync`", spread(cp)),
+        ("`cp -r` + `sync`, each round", rounds(cp)),
         ("`cp -r`, CPU seconds (user + sys, wait4)", spread(cp_cpu)),
     ]  # fmt: skip
     labels = {"convert": "this tree", "baseline": "baseline"}
@@ -233,7 +241,9 @@ def report(runs, shard_size, src_bytes, n_shards, largest_shard, dst_bytes, boun
         rows += [
             (f"`skipv1 convert` + `sync`, {labels[kind]}", spread(total)),
             (f"of which the conversion itself (`seconds` in --json), {labels[kind]}", spread(inside)),
+            (f"`skipv1 convert` + `sync`, each round, {labels[kind]}", rounds(total)),
             (f"ratio convert / cp, end to end, {labels[kind]}", spread(ratio, "") + " (goal <= 1.5)"),
+            (f"ratio convert / cp's fastest round, {labels[kind]}", f"{statistics.median(total) / min(cp):.2f}"),
             (f"convert CPU seconds (user + sys, wait4), {labels[kind]}", spread(cpu)),
             (f"ratio of CPU seconds convert / cp, {labels[kind]}", spread(cpu_ratio, "")),
             (f"interpreter start and imports, {labels[kind]}", spread([t - i - r["sync"] for t, i, r in zip(total, inside, runs[kind], strict=True)])),
