@@ -221,6 +221,8 @@ def use_skipv1_static_layers(cache: Cache, config) -> None:
         # cache buffers its wrapper registered
         return
     layers = getattr(cache, "layers", [])
+    if not any(isinstance(lay, StaticLayer) for lay in layers):
+        return  # a dynamic or paged cache: nothing to swap (and this runs at every decode step)
     if config.skip_v_heads and any(isinstance(lay, StaticSlidingWindowLayer) for lay in layers):
         raise ValueError(
             "SkipV1 with sliding-window layers does not support a static cache yet: use the "
