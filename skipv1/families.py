@@ -144,7 +144,13 @@ GEMMA3_TEXT = Family(
     tied_by_default=True,
     norms=PRE_AND_POST_NORMS,
 )
-PHI3 = Family("phi3", "Phi3", {"Phi3ForCausalLM": "phi3"}, fused_qkv=True)
+PHI3 = Family(
+    "phi3",
+    "Phi3",
+    {"Phi3ForCausalLM": "phi3"},
+    keeps_sliding_window=True,  # every layer slides, as in the source (no layer_types)
+    fused_qkv=True,
+)
 # LayerNorms, parallel residual, partial rotary: the calibrated inits read its layers through
 # Llama-named faces (convert/faces.py), as GPT-2's
 GPT_NEOX = Family("gpt_neox", "GPTNeoX", {"GPTNeoXForCausalLM": "gpt_neox"}, fused_qkv=True)

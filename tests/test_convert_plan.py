@@ -237,16 +237,32 @@ def test_active_sliding_window_of_mistral_and_qwen2_is_kept_per_layer(overrides,
     assert "max_position_embeddings" not in {c.field for c in changes}
 
 
-def test_active_sliding_window_of_mixtral_is_kept():
-    source = llama_config(
-        architectures=["MixtralForCausalLM"],
-        model_type="mixtral",
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        sliding_window=128,
-    )
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 128,
+        },
+        # Phi-3-mini-4k-instruct's window of 2047 in a context of 4096 (every layer slides)
+        {
+            "architectures": ["Phi3ForCausalLM"],
+            "model_type": "phi3",
+            "sliding_window": 2047,
+            "max_position_embeddings": 4096,
+        },
+    ],
+    ids=["mixtral", "phi3"],
+)
+def test_active_sliding_window_of_mixtral_and_phi3_is_kept(fields):
+    source = llama_config(**fields)
+    window, context = source["sliding_window"], source["max_position_embeddings"]
+    assert sliding_window_active(source)
     out, changes = skipv1_config(source, make_plan(source), dtype=None)
-    assert out["max_position_embeddings"] == 256 and out["sliding_window"] == 128
+    assert out["max_position_embeddings"] == context and out["sliding_window"] == window
     assert not {"max_position_embeddings", "sliding_window"} & {c.field for c in changes}
 
 

@@ -1,13 +1,13 @@
-"""Active sliding windows of Mixtral, Qwen3-MoE (every layer slides, as Mistral's) and Qwen3 (the
-layers from max_window_layers on, or as layer_types say), kept as the Llama family keeps
-Mistral's and Qwen2's: from tiny random models made by transformers with a window of 4, on
-sequences longer than it. s = 0 is the stock model (which full attention is not); s > 0:
-uncached == DynamicCache == token by token == greedy generate, prefill within and past the
+"""Active sliding windows of Mixtral, Qwen3-MoE, Phi-3 (every layer slides, as Mistral's; Phi-3's
+q/k/v fused) and Qwen3 (the layers from max_window_layers on, or as layer_types say), kept as the
+Llama family keeps Mistral's and Qwen2's: from tiny random models made by transformers with a
+window of 4, on sequences longer than it. s = 0 is the stock model (which full attention is not);
+s > 0: uncached == DynamicCache == token by token == greedy generate, prefill within and past the
 window; the cache layers (a sliding layer 0 before a global layer keeps its borrowed head for
 every position) and the bytes per token == the formula; continuous batching == generate; the
-calibrated inits' forward applies the window; `skipv1 convert` keeps the window fields and its
-output loads with and without skipv1. The default init on a windowed Mixtral:
-test_families_olmo2_moe.py (`WINDOWED`)."""
+calibrated inits' forward applies the window (Phi-3's, through the Llama view:
+test_fused_calibrated.py); `skipv1 convert` keeps the window fields and its output loads with and
+without skipv1. The default init on a windowed Mixtral: test_families_olmo2_moe.py (`WINDOWED`)."""
 
 import json
 
@@ -40,6 +40,7 @@ S, F = "sliding_attention", "full_attention"
 CASES = {
     "mixtral": ("mixtral", {}, [S, S, S]),
     "qwen3_moe": ("qwen3_moe", {"use_sliding_window": True}, [S, S, S]),
+    "phi3": ("phi3", {}, [S, S, S]),  # Phi-3-mini-4k: a window of 2047 in a context of 4096
     "qwen3": ("qwen3", {"use_sliding_window": True, "max_window_layers": 1}, [F, S, S]),
     # a sliding layer 0 that the global layer 1 borrows from: layer 0 keeps a store
     "qwen3-types": ("qwen3", {"use_sliding_window": True, "layer_types": [S, F, S]}, [S, F, S]),
@@ -56,7 +57,7 @@ def stock(case: str, **fields):
     fields = {**source_fields(case), **fields}
     if arch != "qwen3":  # one window for every layer: no layer_types
         fields.pop("layer_types", None)
-    if arch == "mixtral":  # and always on
+    if "use_sliding_window" not in CASES[case][1]:  # and always on
         fields.pop("use_sliding_window", None)
     torch.manual_seed(0)
     return ARCHS[arch][1](tiny_config(arch, **fields)).eval()
@@ -69,10 +70,13 @@ def converted(model, s: int):
     out, _ = skipv1_config(source, make_plan(source, s, "keep"), dtype=None)
     config_class, causal_lm = FAMILY_CLASSES[family_of(source).model_type]
     skip = causal_lm(config_class(**{k: v for k, v in out.items() if k not in NOT_FIELDS})).eval()
-    own = (KV - s) * HEAD_DIM
+    # a later layer's value rows end its v_proj, or Phi-3's fused [q | k | v] qkv_proj
+    value = (".v_proj.", ".qkv_proj.")
     skip.load_state_dict(
         {
-            k: v[:own] if ".v_proj." in k and ".layers.0." not in k else v
+            k: v[: len(v) - s * HEAD_DIM]
+            if any(n in k for n in value) and ".layers.0." not in k
+            else v
             for k, v in model.state_dict().items()
         }
     )

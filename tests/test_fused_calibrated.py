@@ -1,7 +1,8 @@
 """The calibrated inits (`reconstruct`, the default, and `calibrated`) on GPT-NeoX (parallel
-residual and partial rotary: the tiny config's defaults) and GPT-2 (Conv1D projections, learned
-positions), from tiny random checkpoints: the passes' forward through the layer faces is the
-stock model's; each init converts and is closer to the source than `mean` on held-out text; the
+residual and partial rotary: the tiny config's defaults), GPT-2 (Conv1D projections, learned
+positions) and Phi-3 with partial rotary (Phi-4-mini's partial_rotary_factor; here 0.5, with a
+sliding window), from tiny random checkpoints: the passes' forward through the layer faces (Phi-3:
+the Llama view) is the stock model's; each init converts and is closer to the source than `mean` on held-out text; the
 converted models' cache paths agree; `calibrated` moves whole heads inside the fused tensors in
 the recorded order; `reconstruct` refits the attention's and the MLP's output projections."""
 
@@ -14,7 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skipv1.convert import calibrate, reconstruct
 from skipv1.convert.config import skipv1_config
-from skipv1.convert.plan import make_plan
+from skipv1.convert.fused import LlamaView
+from skipv1.convert.plan import SourceModel, make_plan
 from skipv1.families import standard_fields
 from skipv1.textdata import embedded_documents
 from tests.factories import assert_cache_paths_agree, make_checkpoint, token_ids
@@ -22,17 +24,39 @@ from tests.factories import assert_cache_paths_agree, make_checkpoint, token_ids
 CALIB = ["--calib-data", "embedded:train", "--calib-tokens", "2048", "--calib-seq-len", "64"]
 HEADS, D, HIDDEN = 4, 16, 64  # tiny_config: 4 heads of 16
 INITS = ("mean", "calibrated", "reconstruct")
+# Phi-3 with half of each head rotated (Phi-4-mini: 0.75) and every layer sliding (Phi-3-mini-4k)
+PHI3 = {
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+    "sliding_window": 8,
+}
+# Phi-4-mini's RoPE: longrope over 3/4 of each head (12 of 16 dims: 6 factors per list)
+PHI4_MINI = {
+    "rope_parameters": {
+        "rope_type": "longrope",
+        "rope_theta": 1e4,
+        "partial_rotary_factor": 0.75,
+        "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5],
+        "long_factor": [2.0] * 6,
+    },
+    "original_max_position_embeddings": 64,
+}
 
 
 @pytest.mark.parametrize(
     "arch, fields",
-    [("gpt_neox", {}), ("gpt_neox", {"use_parallel_residual": False}), ("gpt2", {})],
-    ids=["gpt_neox-parallel", "gpt_neox-sequential", "gpt2"],
+    [
+        ("gpt_neox", {}),
+        ("gpt_neox", {"use_parallel_residual": False}),
+        ("gpt2", {}),
+        ("phi3", {**PHI3, "sliding_window": 4, "num_key_value_heads": 2}),
+        ("phi3", PHI4_MINI),
+    ],
+    ids=["gpt_neox-parallel", "gpt_neox-sequential", "gpt2", "phi3-partial-windowed", "phi4-mini"],
 )
 def test_the_passes_compute_the_stock_layers(arch, fields, tmp_path):
     """calibrate's and reconstruct's layer-by-layer forwards (the faces: q/k/v/o cut from the
-    fused tensors, partial rotary, the parallel residual, GPT-2's positions) give every layer's
-    output of the stock model."""
+    fused tensors, partial rotary, the parallel residual, GPT-2's positions; Phi-3's Llama view:
+    partial rotary, the window) give every layer's output of the stock model."""
     src = make_checkpoint(tmp_path / "src", arch=arch, **fields)
     source = standard_fields(json.loads((src / "config.json").read_text()))
     out, _ = skipv1_config(source, make_plan(source, 1, "keep"), dtype=None)
@@ -41,6 +65,10 @@ def test_the_passes_compute_the_stock_layers(arch, fields, tmp_path):
 
     def load(names):
         return {name: state[name] for name in names}
+
+    if arch == "phi3":  # the passes run the Llama a Phi-3 computes (as calibrate_source sets up)
+        view = LlamaView(SourceModel.from_config(source))
+        config, load = view.config(out), view.loader(load)
 
     x = token_ids(length=16, seed=5, vocab=320)
     model = AutoModelForCausalLM.from_pretrained(src).eval()
@@ -52,13 +80,14 @@ def test_the_passes_compute_the_stock_layers(arch, fields, tmp_path):
             torch.testing.assert_close(got[i], expected, atol=1e-5, rtol=1e-5, msg=f"layer {i}")
 
 
-@pytest.fixture(scope="module", params=["gpt_neox", "gpt2"])
+@pytest.fixture(scope="module", params=["gpt_neox", "gpt2", "phi3"])
 def family(request, tmp_path_factory, tokenizer_dir, cli):
     """(arch, source dir, {init: converted dir}) with s = 2 of 4 heads; reconstruct is the
     default init (no --init given)."""
     arch = request.param
     root = tmp_path_factory.mktemp(arch)
-    src = make_checkpoint(root / "src", arch=arch, tokenizer_dir=tokenizer_dir)
+    fields = PHI3 if arch == "phi3" else {}
+    src = make_checkpoint(root / "src", arch=arch, tokenizer_dir=tokenizer_dir, **fields)
     out = {}
     for init in INITS:
         args = [] if init == "reconstruct" else ["--init", init]
@@ -108,6 +137,12 @@ def _per_head(arch: str, state: dict, i: int, own: int) -> dict[str, torch.Tenso
         o = state[p + "attention.dense.weight"].T.reshape(HEADS, D, HIDDEN)
         down = state[p + "mlp.dense_4h_to_h.weight"]
         return {"q": q, "k": k, "v": full[:, 2], "o": o, "down": down}
+    if arch == "phi3":
+        p = f"model.layers.{i}."
+        q, k, v = state[p + "self_attn.qkv_proj.weight"].split([HEADS * D, HEADS * D, own * D])
+        o = state[p + "self_attn.o_proj.weight"].T.reshape(HEADS, D, HIDDEN)
+        heads = {n: t.reshape(-1, D, HIDDEN) for n, t in (("q", q), ("k", k), ("v", v))}
+        return {**heads, "o": o, "down": state[p + "mlp.down_proj.weight"]}
     p = f"transformer.h.{i}."
     cols = state[p + "attn.c_attn.weight"].T  # Conv1D [in, out]: columns [q | k | v]
     q, k, v = cols.split([HEADS * D, HEADS * D, own * D])
@@ -156,8 +191,10 @@ def test_reconstruct_refits_both_output_projections(family):
             ("attention.dense.bias", "mlp.dense_4h_to_h.bias"),
         ),
         "gpt2": ("mlp.c_fc.weight", ("attn.c_proj.bias", "mlp.c_proj.bias")),
+        "phi3": ("mlp.gate_up_proj.weight", ()),  # no biases
     }[arch]
-    prefix = "gpt_neox.layers." if arch == "gpt_neox" else "transformer.h."
+    prefix = {"gpt_neox": "gpt_neox.layers.", "gpt2": "transformer.h.", "phi3": "model.layers."}
+    prefix = prefix[arch]
     kept = [f"{prefix}1.{n}" for n in (fc, *biases)] + [
         n for n in source if n.startswith(f"{prefix}0.")
     ]

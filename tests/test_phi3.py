@@ -1,8 +1,9 @@
 """The Phi-3 family's own cases, from a tiny random Phi3ForCausalLM with grouped KV heads: the
 fused `qkv_proj` sized in KV heads, the Llama view the calibrated inits run (fused `qkv_proj`
-[q | k | v] and `gate_up_proj` cut), every init, the partial-rotary refusal. What Phi-3 shares
-with GPT-2 and GPT-NeoX (s = 0 is the stock model, the cache paths and bytes, convert --init
-keep against a hand-computed split, inspect) is in test_fused_families.py."""
+[q | k | v] and `gate_up_proj` cut), every init. What Phi-3 shares with GPT-2 and GPT-NeoX (s = 0
+is the stock model, the cache paths and bytes, convert --init keep against a hand-computed split,
+inspect) is in test_fused_families.py; the calibrated inits on a partial-rotary Phi-3 in
+test_fused_calibrated.py, its sliding window in test_family_windows.py."""
 
 import json
 from pathlib import Path
@@ -13,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from skipv1 import SkipV1LlamaForCausalLM, SkipV1Phi3Config, SkipV1Phi3ForCausalLM
 from skipv1.convert.fused import LlamaView
-from skipv1.convert.plan import SourceModel, make_plan
+from skipv1.convert.plan import SourceModel
 from tests.factories import make_checkpoint, token_ids
 
 VOCAB = 97
@@ -63,9 +64,25 @@ def read_config(path: Path) -> dict:
     return json.loads((path / "config.json").read_text())
 
 
-def test_llama_view_of_phi3_computes_the_same_function(phi3_src):
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1e4,
+                "partial_rotary_factor": 0.5,
+            }
+        },
+    ],
+    ids=["full-rotary", "partial-rotary"],
+)
+def test_llama_view_of_phi3_computes_the_same_function(fields, tmp_path):
     """The calibrated inits run the Llama a Phi-3 computes, from its fused tensors cut by hand:
-    the q/k/v rows, the gate/up halves; s = 0 must give the Phi-3's logits."""
+    the q/k/v rows, the gate/up halves, RoPE over half of each head where Phi-3 rotates that
+    (reconstruct's distillation runs this whole model); s = 0 must give the Phi-3's logits."""
+    phi3_src = make_checkpoint(tmp_path / "src", arch="phi3", num_key_value_heads=2, **fields)
     source = AutoModelForCausalLM.from_pretrained(phi3_src).eval()
     state = source.state_dict()
     view = LlamaView(SourceModel.from_config(read_config(phi3_src)))
@@ -109,15 +126,3 @@ def test_every_init_converts_phi3_and_the_fitted_ones_are_closest(phi3_src, tmp_
     record = json.loads((tmp_path / "distilled" / "skipv1_conversion.json").read_text())
     assert record["init"] == "reconstruct" and record["calibration"]["distill"]["steps"] == 4
     assert errors["distilled"] <= errors["reconstruct"] < errors["calibrated"] < errors["mean"]
-
-
-def test_calibrated_inits_refuse_a_partial_rotary_phi3(tmp_path, cli):
-    src = make_checkpoint(
-        tmp_path / "src",
-        arch="phi3",
-        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
-    )
-    result = cli("convert", src, tmp_path / "dst", "--quiet")
-    assert result.exit_code == 2, result.output
-    assert "partial_rotary_factor=0.5" in result.output and "--init keep" in result.output
-    assert make_plan(read_config(src), 1, "mean").skip_heads == 1

@@ -276,17 +276,6 @@ UNFUSED = {
 }
 
 
-def calibration_blocker(family, config: dict) -> str | None:
-    """Why the calibrated inits cannot run this source (None: they can)."""
-    if family.name != "phi3":
-        return None
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    factor = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if factor != 1.0:
-        return f"partial_rotary_factor={factor} (their Llama forward rotates whole heads)"
-    return None
-
-
 class LlamaView:
     """A Phi-3 source as the Llama it computes: the calibration pass loads q/k/v_proj and
     gate/up_proj cut from the fused tensors and returns tensors under those names, which
@@ -298,12 +287,21 @@ class LlamaView:
 
     @staticmethod
     def config(out_config: dict):
-        """The Llama (s = 0) the calibration pass builds, from the converted config's fields."""
+        """The Llama (s = 0) the calibration pass builds, from the converted config's fields.
+        A `sliding_window` applies to every layer, as Phi-3's (SkipV1LlamaConfig's rule without
+        `layer_types`). A partial rotary factor (Phi-4-mini's 0.75) stays in `rope_parameters`: Llama's
+        attention rotates the first dims its tables cover (SkipV1AttentionMixin.rotate), and the
+        tables honour the factor for every RoPE type but Llama's default, which is the linear
+        type with factor 1 (Phi-3's default RoPE, bit for bit)."""
         from ..modeling.configuration_skipv1_llama import SkipV1LlamaConfig
 
         drop = ("model_type", "auto_map", "architectures", "skip_v_heads")
         fields = {k: v for k, v in out_config.items() if k not in drop}
-        return SkipV1LlamaConfig(**fields, mlp_bias=False, skip_v_heads=0)
+        config = SkipV1LlamaConfig(**fields, mlp_bias=False, skip_v_heads=0)
+        rope = config.rope_parameters
+        if rope.get("rope_type") == "default" and rope.get("partial_rotary_factor", 1.0) != 1.0:
+            config.rope_parameters = {**rope, "rope_type": "linear", "factor": 1.0}
+        return config
 
     def names(self, names: list[str]) -> list[str]:
         """The source's tensor names as the Llama's (fused ones replaced by their parts)."""

@@ -223,12 +223,6 @@ def make_plan(
             f"choose 0 <= N <= {n_kv - 1}"
         )
     method = get_init(init)
-    blocker = fused.calibration_blocker(source.family, config)
-    if method.calibrated and s and blocker:
-        raise SkipV1Error(
-            f"--init {init} is not available for this {source.architecture} source: "
-            f"{blocker}; pass --init keep or --init mean"
-        )
     layout = source.qkv_layout
     tasks = {}
     for name, shape in source.expected_shapes().items():

@@ -16,7 +16,9 @@ from .modeling_skipv1_core import SkipV1ConfigMixin
 class SkipV1Phi3Config(SkipV1ConfigMixin, Phi3Config):
     r"""A Phi-3 config plus the SkipV1 fields. Phi-3 fuses q/k/v into one `qkv_proj`: layer i's
     rows are `[q: heads * head_dim | k: n_kv * head_dim | v: own * head_dim]` with
-    `own = num_key_value_heads - (skip_v_heads if i > 0 else 0)` (`value_projection`).
+    `own = num_key_value_heads - (skip_v_heads if i > 0 else 0)` (`value_projection`). A
+    `sliding_window` applies to every layer, as in Phi-3: each layer's cache holds the window, and
+    a later layer borrows layer 0's values at the positions of its own keys, which are layer 0's.
 
     skip_v_heads (`int`): value heads, counted in KV heads, that every layer from the second on
         takes from the first layer's value tensor (head indices `n_kv - s .. n_kv - 1`).

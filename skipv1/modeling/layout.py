@@ -31,9 +31,9 @@ class KVLayout:
 
 
 # layer_types a config.json without them gets from transformers (Gemma 2: sliding and global
-# layers alternate; Gemma 3: a global layer every `sliding_window_pattern`, default 6; Mistral
-# and Mixtral: every layer slides when `sliding_window` is set; Qwen2: with `use_sliding_window`,
-# the layers from `max_window_layers` on).
+# layers alternate; Gemma 3: a global layer every `sliding_window_pattern`, default 6; Mistral,
+# Mixtral and Phi-3: every layer slides when `sliding_window` is set; Qwen2: with
+# `use_sliding_window`, the layers from `max_window_layers` on).
 def _default_layer_types(config: dict) -> list[str]:
     family = family_of(config)
     if family is None or not family.keeps_sliding_window:
@@ -57,7 +57,8 @@ MAX_WINDOW_LAYERS_DEFAULT = {"qwen2": 28, "qwen3": 28, "qwen3_moe": 0}
 
 def _first_sliding_layer(config: dict) -> int | None:
     """The first sliding-window layer of a config whose window, when it applies, applies from
-    one layer on (None: none slides): the Llama family's, Mixtral's, Qwen3's, Qwen3-MoE's."""
+    one layer on (None: none slides): the Llama family's, Mixtral's, Phi-3's, Qwen3's and
+    Qwen3-MoE's."""
     kind = SOURCE_ARCHITECTURES.get((config.get("architectures") or [None])[0])
     kind = kind or config.get("model_type")
     if config.get("sliding_window") is None or kind == "llama":  # Llama has no windows
@@ -71,7 +72,7 @@ def _first_sliding_layer(config: dict) -> int | None:
             if kind == "qwen3_moe"
             else config.get("max_window_layers", MAX_WINDOW_LAYERS_DEFAULT[kind])
         )
-    return 0  # Mistral, Mixtral, and a SkipV1 Llama config (SkipV1LlamaConfig's rule)
+    return 0  # Mistral, Mixtral, Phi-3, and a SkipV1 Llama config (SkipV1LlamaConfig's rule)
 
 
 def layer_types(config: Any) -> list[str]:

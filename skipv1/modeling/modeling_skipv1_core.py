@@ -300,9 +300,18 @@ class SkipV1AttentionMixin:
             )
 
     def rotate(self, queries, keys, position_embeddings) -> tuple:
-        """Queries and keys [batch, heads, seq, head_dim] with positions applied (RoPE here)."""
+        """Queries and keys [batch, heads, seq, head_dim] with positions applied (RoPE here): over
+        the first cos.shape[-1] dims of each head, the rest passed through (Phi-3's
+        partial_rotary_factor, as its apply_rotary_pos_emb)."""
         cos, sin = position_embeddings
-        return apply_rotary_pos_emb(queries, keys, cos, sin)
+        rotary = cos.shape[-1]
+        if rotary == queries.shape[-1]:
+            return apply_rotary_pos_emb(queries, keys, cos, sin)
+        q, k = apply_rotary_pos_emb(queries[..., :rotary], keys[..., :rotary], cos, sin)
+        return (
+            torch.cat([q, queries[..., rotary:]], dim=-1),
+            torch.cat([k, keys[..., rotary:]], dim=-1),
+        )
 
     def output(self, attn_output: torch.Tensor) -> torch.Tensor:
         """The output projection of the heads' mix [batch, seq, heads * head_dim]."""

@@ -3,6 +3,9 @@
 one `qkv_proj`; a later layer's has the value rows of its own heads only, and the split is
 `SkipV1Phi3Config.qkv_rows`. The borrow logic, the cache layers and the loading check are the
 family-independent core (`modeling_skipv1_core.py`); this file mixes them into the Phi-3 classes.
+A sliding window is kept as Phi-3 has it, on every layer (Phi-3's model forward masks with it; the
+cache holds the window in every layer, so a later layer's borrowed heads are layer 0's windowed
+values at its own key positions: no full-length store).
 
 This file is copied next to converted weights (see `auto_map`), so it imports only torch,
 transformers and its sibling configuration, core and paged-cache files.
@@ -16,7 +19,6 @@ from transformers.models.phi3.modeling_phi3 import (
     Phi3ForCausalLM,
     Phi3Model,
     Phi3PreTrainedModel,
-    apply_rotary_pos_emb,
 )
 
 from .configuration_skipv1_phi3 import SkipV1Phi3Config
@@ -30,6 +32,13 @@ from .modeling_skipv1_core import (
 
 
 class SkipV1Phi3Attention(SkipV1AttentionMixin, Phi3Attention):
+    def __init__(self, config: SkipV1Phi3Config, layer_idx: int):
+        super().__init__(config, layer_idx=layer_idx)
+        self.sliding_window = config.sliding_window  # every layer's, as Phi-3's attention
+
+    def attention_kwargs(self) -> dict:
+        return {"sliding_window": self.sliding_window}
+
     def size_projections(self, config: SkipV1Phi3Config) -> None:
         self.qkv_rows = config.qkv_rows(self.layer_idx)
         self.qkv_proj = nn.Linear(config.hidden_size, sum(self.qkv_rows), bias=False)
@@ -41,10 +50,6 @@ class SkipV1Phi3Attention(SkipV1AttentionMixin, Phi3Attention):
     def project(self, hidden_states: torch.Tensor, hidden_shape: tuple) -> tuple:
         queries, keys, values = self.qkv_proj(hidden_states).split(self.qkv_rows, dim=-1)
         return queries.view(hidden_shape), keys.view(hidden_shape), values.view(hidden_shape)
-
-    def rotate(self, queries, keys, position_embeddings) -> tuple:
-        cos, sin = position_embeddings  # Phi-3's RoPE: partial rotary factors too
-        return apply_rotary_pos_emb(queries, keys, cos, sin)
 
 
 class SkipV1Phi3DecoderLayer(Phi3DecoderLayer):
