@@ -66,13 +66,17 @@ def test_generate_batch_gives_the_generate_tokens(shape, attn):
     assert batch_generate(model) == [greedy(model, p) for p in PROMPTS]
 
 
-@pytest.mark.slow
 def test_generate_with_cache_implementation_paged_gives_the_dynamic_cache_tokens():
     model = random_skipv1(small_skipv1_config(heads=9, kv=3, s=1))
     prompt = torch.tensor([PROMPTS[2]])
     ref = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
     paged = model.generate(
-        prompt, max_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation="paged"
+        prompt,
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        cache_implementation="paged",
+        # a few blocks: the default sizes the cache from free memory (35 s to allocate here)
+        continuous_batching_config=ContinuousBatchingConfig(num_blocks=16, page_size=16),
     )
     # transformers returns one more nesting level on this path, for stock models too
     assert torch.as_tensor(paged).flatten().tolist() == ref[0].tolist()
