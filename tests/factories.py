@@ -389,3 +389,21 @@ def assert_beam_scores_are_the_uncached_model_s(model, prompt) -> None:
         logprobs = model(best).logits.log_softmax(-1)
     total = sum(logprobs[0, start - 1 + i, t] for i, t in enumerate(best[0, start:].tolist()))
     torch.testing.assert_close(out.sequences_scores[0], total, rtol=0, atol=1e-4)
+
+
+def assert_passes_follow_the_stock_layers(src, config, load, x, tol: float = 1e-5) -> tuple:
+    """The calibrated inits' hand-written forwards (calibrate's and reconstruct's
+    source_hidden_states) give the stock model's hidden states after every layer but the last
+    (whose output the final norm changes) for the tokens `x`; returns the stock ones."""
+    from transformers import AutoModelForCausalLM
+
+    from skipv1.convert import calibrate, reconstruct
+
+    model = AutoModelForCausalLM.from_pretrained(src).eval()
+    with torch.no_grad():
+        want = model(x, output_hidden_states=True).hidden_states[1:-1]
+    for forward in (calibrate.source_hidden_states, reconstruct.source_hidden_states):
+        got = forward(config, load, x)
+        for i, expected in enumerate(want):
+            torch.testing.assert_close(got[i], expected, atol=tol, rtol=tol, msg=f"layer {i}")
+    return want

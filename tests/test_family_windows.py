@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from skipv1.convert import calibrate, reconstruct
+from skipv1.convert import calibrate
 from skipv1.convert.config import skipv1_config
 from skipv1.convert.plan import make_plan
 from skipv1.evaluate.kv_memory import measure_kv
@@ -29,6 +29,7 @@ from tests.factories import (
     NOT_FIELDS,
     assert_all_load_without_skipv1,
     assert_cache_paths_agree,
+    assert_passes_follow_the_stock_layers,
     make_checkpoint,
     tiny_config,
     token_ids,
@@ -166,13 +167,7 @@ def test_the_fitted_inits_forward_applies_the_window(case, tmp_path):
         return {name: state[name] for name in names}
 
     x = token_ids(length=LENGTH, seed=5, vocab=320)
-    model = AutoModelForCausalLM.from_pretrained(src).eval()
-    with torch.no_grad():
-        want = model(x, output_hidden_states=True).hidden_states[1:-1]  # the last one is normed
-    for forward in (calibrate.source_hidden_states, reconstruct.source_hidden_states):
-        got = forward(config, load, x)
-        for i, expected in enumerate(want):
-            torch.testing.assert_close(got[i], expected, atol=1e-5, rtol=1e-5, msg=f"layer {i}")
+    assert_passes_follow_the_stock_layers(src, config, load, x)
 
 
 def test_convert_keeps_the_window_and_loads_with_and_without_skipv1(tmp_path, cli):

@@ -13,13 +13,18 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from skipv1.convert import calibrate, reconstruct
+from skipv1.convert import calibrate
 from skipv1.convert.config import skipv1_config
 from skipv1.convert.fused import LlamaView
 from skipv1.convert.plan import SourceModel, make_plan
 from skipv1.families import standard_fields
 from skipv1.textdata import embedded_documents
-from tests.factories import assert_cache_paths_agree, make_checkpoint, token_ids
+from tests.factories import (
+    assert_cache_paths_agree,
+    assert_passes_follow_the_stock_layers,
+    make_checkpoint,
+    token_ids,
+)
 
 CALIB = ["--calib-data", "embedded:train", "--calib-tokens", "2048", "--calib-seq-len", "64"]
 HEADS, D, HIDDEN = 4, 16, 64  # tiny_config: 4 heads of 16
@@ -71,13 +76,7 @@ def test_the_passes_compute_the_stock_layers(arch, fields, tmp_path):
         config, load = view.config(out), view.loader(load)
 
     x = token_ids(length=16, seed=5, vocab=320)
-    model = AutoModelForCausalLM.from_pretrained(src).eval()
-    with torch.no_grad():
-        want = model(x, output_hidden_states=True).hidden_states[1:-1]  # the last one is normed
-    for forward in (calibrate.source_hidden_states, reconstruct.source_hidden_states):
-        got = forward(config, load, x)
-        for i, expected in enumerate(want):
-            torch.testing.assert_close(got[i], expected, atol=1e-5, rtol=1e-5, msg=f"layer {i}")
+    assert_passes_follow_the_stock_layers(src, config, load, x)
 
 
 @pytest.fixture(scope="module", params=["gpt_neox", "gpt2", "phi3"])

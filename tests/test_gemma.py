@@ -30,7 +30,11 @@ from skipv1.checkpoint_info import describe
 from skipv1.convert.plan import make_plan
 from skipv1.evaluate.kv_memory import measure_kv
 from skipv1.modeling.layout import KVLayout, kv_layout
-from tests.factories import assert_all_load_without_skipv1, make_checkpoint
+from tests.factories import (
+    assert_all_load_without_skipv1,
+    assert_passes_follow_the_stock_layers,
+    make_checkpoint,
+)
 
 VOCAB, WINDOW, LENGTH = 97, 5, 14  # every test sequence runs past the window
 SHAPE = dict(
@@ -297,7 +301,7 @@ def test_the_fitted_inits_forward_is_the_models(tmp_path, family):
     norms around attention and MLP)."""
     from safetensors.torch import load_file
 
-    from skipv1.convert import calibrate, reconstruct
+    from skipv1.convert import calibrate
 
     src = gemma_source(tmp_path, family)
     source_config = json.loads((src / "config.json").read_text())
@@ -308,13 +312,7 @@ def test_the_fitted_inits_forward_is_the_models(tmp_path, family):
         return {name: state[name] for name in names}
 
     x = ids(length=24, seed=5)  # three windows
-    model = AutoModelForCausalLM.from_pretrained(src).eval()
-    with torch.no_grad():
-        want = model(x, output_hidden_states=True).hidden_states[1:-1]  # the last one is normed
-    for forward in (calibrate.source_hidden_states, reconstruct.source_hidden_states):
-        got = forward(config, load, x)
-        for i, expected in enumerate(want):
-            torch.testing.assert_close(got[i], expected, atol=1e-4, rtol=1e-4, msg=f"layer {i}")
+    assert_passes_follow_the_stock_layers(src, config, load, x, tol=1e-4)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

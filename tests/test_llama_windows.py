@@ -29,6 +29,7 @@ from tests.factories import (
     NOT_FIELDS,
     assert_all_load_without_skipv1,
     assert_cache_paths_agree,
+    assert_passes_follow_the_stock_layers,
     make_checkpoint,
     token_ids,
 )
@@ -190,7 +191,7 @@ def test_the_fitted_inits_forward_applies_the_window(tmp_path, arch):
     every layer's output must be the windowed model's."""
     from safetensors.torch import load_file
 
-    from skipv1.convert import calibrate, reconstruct
+    from skipv1.convert import calibrate
 
     fields, _ = SOURCES[arch]
     src = make_checkpoint(tmp_path / "src", arch=arch, num_key_value_heads=2, **fields)
@@ -203,13 +204,7 @@ def test_the_fitted_inits_forward_applies_the_window(tmp_path, arch):
         return {name: state[name] for name in names}
 
     x = token_ids(length=16, seed=5, vocab=320)  # four windows
-    model = AutoModelForCausalLM.from_pretrained(src).eval()
-    with torch.no_grad():
-        want = model(x, output_hidden_states=True).hidden_states[1:-1]  # the last one is normed
-    for forward in (calibrate.source_hidden_states, reconstruct.source_hidden_states):
-        got = forward(config, load, x)
-        for i, expected in enumerate(want):
-            torch.testing.assert_close(got[i], expected, atol=1e-5, rtol=1e-5, msg=f"layer {i}")
+    want = assert_passes_follow_the_stock_layers(src, config, load, x)
     unwindowed = calibrate.source_config({**out, "sliding_window": None, "layer_types": None})
     assert not torch.allclose(calibrate.source_hidden_states(unwindowed, load, x)[-1], want[-1])
 
