@@ -407,3 +407,25 @@ def assert_passes_follow_the_stock_layers(src, config, load, x, tol: float = 1e-
         for i, expected in enumerate(want):
             torch.testing.assert_close(got[i], expected, atol=tol, rtol=tol, msg=f"layer {i}")
     return want
+
+
+def assert_windowed_batches_give_generate_s_tokens(model) -> None:
+    """Continuous batching of prompts and generations longer than a window of 4 tokens, in
+    pages of 4 tokens, two requests per batch, gives each prompt's greedy generate() tokens."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    prompts, new = [[3, 4, 5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17]], 7
+    config = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cb = ContinuousBatchingConfig(
+        num_blocks=32, page_size=4, max_batch_tokens=12, max_requests_per_batch=2
+    )
+    out = model.generate_batch(prompts, generation_config=config, continuous_batching_config=cb)
+    got = [
+        r.generated_tokens
+        for r in sorted(out.values(), key=lambda r: int(r.request_id.split("_")[-1]))
+    ]
+    expected = [
+        model.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False)[0, len(p) :].tolist()
+        for p in prompts
+    ]
+    assert got == expected

@@ -30,6 +30,7 @@ from tests.factories import (
     assert_all_load_without_skipv1,
     assert_cache_paths_agree,
     assert_passes_follow_the_stock_layers,
+    assert_windowed_batches_give_generate_s_tokens,
     make_checkpoint,
     tiny_config,
     token_ids,
@@ -134,24 +135,7 @@ def test_cache_paths_agree_beyond_the_window_and_bytes_match_the_formula(case):
 def test_continuous_batching_beyond_the_window_gives_generate_s_tokens(case):
     """Prompts and generations longer than the window, in pages of 4 tokens, two requests per
     batch: the paged cache's windows and borrowed heads per layer type."""
-    from transformers import ContinuousBatchingConfig, GenerationConfig
-
-    model = converted(stock(case), 1)
-    prompts, new = [[3, 4, 5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17]], 7
-    config = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    cb = ContinuousBatchingConfig(
-        num_blocks=32, page_size=4, max_batch_tokens=12, max_requests_per_batch=2
-    )
-    out = model.generate_batch(prompts, generation_config=config, continuous_batching_config=cb)
-    got = [
-        r.generated_tokens
-        for r in sorted(out.values(), key=lambda r: int(r.request_id.split("_")[-1]))
-    ]
-    expected = [
-        model.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False)[0, len(p) :].tolist()
-        for p in prompts
-    ]
-    assert got == expected
+    assert_windowed_batches_give_generate_s_tokens(converted(stock(case), 1))
 
 
 @pytest.mark.parametrize("case", ["mixtral", "qwen3-types"])
