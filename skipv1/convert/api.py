@@ -312,10 +312,10 @@ def byte_copied(prepared: Prepared) -> set[str]:
 
 
 def converted_tensors(
-    prepared: Prepared, calibration: "Calibration | None" = None
+    prepared: Prepared, raw: set[str], calibration: "Calibration | None" = None
 ) -> Iterator[tuple[str, "torch.Tensor | Array | FileRange"]]:
+    """Each output tensor in read order; those in `raw` (byte_copied) as source byte ranges."""
     plan = prepared.plan
-    raw = byte_copied(prepared)
     # Without torch where nothing needs it: a safetensors source and an init that works on numpy
     # arrays (keep, mean) are read, rewritten and cast as arrays (arrays.py: torch's exact casts).
     # A fused q/k/v tensor is cut and rejoined with torch (convert/fused.py).
@@ -354,16 +354,16 @@ def write_output(
         n: TensorSpec(prepared.target_dtype[n], prepared.plan.tasks[n].target_shape)
         for n in prepared.order
     }
-    refs = prepared.weights.refs
+    refs, raw = prepared.weights.refs, byte_copied(prepared)
     with byte_progress(quiet) as progress:
         task = progress.add_task("converting", total=prepared.bytes_out())
         written = write_shards(
             out,
             prepared.layout,
             specs,
-            converted_tensors(prepared, calibration),
+            converted_tensors(prepared, raw, calibration),
             on_tensor=lambda name, nbytes: progress.advance(task, nbytes),
-            copied_from={n: refs[n].offset for n in byte_copied(prepared)},
+            copied_from={n: refs[n].offset for n in raw},
         )
     (out / "config.json").write_text(json.dumps(prepared.out_config, indent=2) + "\n")
     copy_companions(prepared.root, out, prepared.companions)
