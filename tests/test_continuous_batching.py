@@ -107,6 +107,27 @@ def test_paged_blocks_hold_exactly_the_skipv1_kv_bytes(heads, kv, s):
     assert allocator.num_blocks == pytest.approx(64 * ratio, abs=2 + 64 * ratio * 0.02)
 
 
+def test_a_later_layers_paged_read_holds_its_own_and_layer_0s_borrowed_value_heads():
+    """One gather gives the later layer all n_kv value heads (so it attends with one call): its
+    own heads as written, then layer 0's last s heads at the same token slots."""
+    config = small_skipv1_config(heads=9, kv=3, s=1, layers=3)
+    (allocator,) = paged_cache(config, num_blocks=8, page_size=4).cache_allocators.values()
+    g = torch.Generator().manual_seed(0)
+    write = torch.tensor([5, 6, 12, 13, 14])  # slots in blocks 1 and 3, across a page end
+    read = torch.tensor([12, 5, 14, 6])  # some of them, in another order
+    keys, values = {}, {}
+    for layer in range(3):  # the layers of one forward, in order, as the model calls them
+        keys[layer] = torch.randn(5, 3, 8, generator=g)
+        values[layer] = torch.randn(5, 3 if layer == 0 else 2, 8, generator=g)
+        got_k, got_v = allocator.update(keys[layer], values[layer], layer, read, write)
+        at = [write.tolist().index(i) for i in read.tolist()]
+        assert torch.equal(got_k, keys[layer][at])
+        expected = values[layer][at]
+        if layer:
+            expected = torch.cat([expected, values[0][at][:, 2:]], dim=1)
+        assert torch.equal(got_v, expected)
+
+
 def test_stock_models_keep_the_stock_allocators():
     config = tiny_config(num_key_value_heads=2)
     (allocator,) = paged_cache(config, num_blocks=8).cache_allocators.values()

@@ -385,7 +385,9 @@ class SkipV1AttentionMixin:
             first_layer_values.value = value_states
             first_layer_values.full = None if store is None else store.borrowed_values
             first_layer_values.paged = paged
-        if self.layer_idx == 0 or own == key_states.shape[1]:
+        if value_states.shape[1] == key_states.shape[1]:
+            # layer 0, a layer without borrowed heads on this rank, or a paged cache that read
+            # the borrowed heads with the own ones (SkipV1CacheAllocator)
             attn_output, attn_weights = attend(query_states, key_states, value_states)
         else:
             borrowed = self.borrowed_values(first_layer_values, own, key_states.shape[2])

@@ -11,6 +11,12 @@ so a block takes exactly the bytes of the SkipV1 KV formula, and a cache of a gi
 "page" for the base class's arithmetic, and the logical index of a token slot is
 `block * page_size + offset`, which `update` splits to address each layer's strided view.
 
+Reads: the cache gathers each layer's cached keys and values into new tensors at every step (as
+transformers' allocator does). For a later full-attention layer the gather takes its own value
+heads and layer 0's borrowed ones in one index_select over the cache seen as rows of one head
+vector, so the layer gets all n_kv heads and attends with one call, as the source does, with the
+bytes the source reads.
+
 Sliding-window layers (Gemma, Mistral) get the same layout in transformers' ring buffer of the
 window (`SkipV1SlidingCacheAllocator`). Sequences are packed one after another, so a later layer
 of another attention type than layer 0 cannot slice layer 0's values to its own positions: the
@@ -71,6 +77,7 @@ class PerLayerValuePages:
             for i, v in self.value_heads.items()
         }
         # layer 0's borrowed heads, kept with the later layers of the other attention type
+        self.skip_v_heads = config.skip_v_heads
         self.borrowed_heads = 0 if 0 in layer_indices else config.skip_v_heads
         store_elements = page_size * self.borrowed_heads * self.head_dim
         block_bytes = (sum(self.layer_elements.values()) + store_elements) * cache_dtype.itemsize
@@ -97,6 +104,11 @@ class PerLayerValuePages:
         rows = flat.view(blocks, block_elements)
         page, n, d = self.tokens_per_page, self.num_key_value_heads, self.head_dim
         self._layer_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # the same memory as rows of one head's vector: a layer's keys or values of any tokens
+        # are one index_copy_ / index_select away, as in transformers' allocator
+        self._head_rows = flat.view(-1, d)
+        self._block_rows = block_elements // d
+        self._first_rows: dict[int, tuple[int, int]] = {}  # layer: (key row, value row) in a block
         start = 0
         for layer in self.layer_indices:  # [blocks, page, heads, head_dim] strided views
             keys_end = start + page * n * d
@@ -104,8 +116,16 @@ class PerLayerValuePages:
             keys = rows[:, start:keys_end].view(blocks, page, n, d)
             values = rows[:, keys_end:end].view(blocks, page, self.value_heads[layer], d)
             self._layer_views[layer] = (keys, values)
+            self._first_rows[layer] = (start // d, keys_end // d)
             start = end
         self._borrowed_view = rows[:, start:].view(blocks, page, self.borrowed_heads, d)
+        # where later layers read layer 0's borrowed heads: (first row, heads per token, first head)
+        if self.borrowed_heads:
+            self._borrowed_rows = (start // d, self.borrowed_heads, 0)
+        elif 0 in self.layer_indices:
+            own = n - self.skip_v_heads
+            self._borrowed_rows = (self._first_rows[0][1], n, own)
+        self._relative_rows: dict[tuple[str, int], torch.Tensor] = {}
 
     @classmethod
     def get_bytes_per_page(cls, num_key_value_heads, head_dim, cache_dtype, page_size) -> int:
@@ -134,7 +154,47 @@ class PerLayerValuePages:
 
 
 class SkipV1CacheAllocator(PerLayerValuePages, FullAttentionCacheAllocator):
-    """Full-attention allocator with per-layer value page sizes (see the module docstring)."""
+    """Full-attention allocator with per-layer value page sizes (see the module docstring).
+
+    A later layer's read returns all n_kv value heads: its own from its pages and layer 0's
+    borrowed ones, gathered together by one index_select (the read copies the cached values
+    anyway, as transformers' does), so the layer attends with one call, as the source does."""
+
+    def update(self, key_states, value_states, layer_idx, read_index, write_index):
+        """Stores the new tokens' keys and own values; returns the request's cached keys and all
+        n_kv value heads ([tokens, heads, head_dim]), or the new states when nothing is read."""
+        if layer_idx == self.layer_indices[0]:
+            self._relative_rows = {}  # a new forward: new indices
+        key_row, value_row = self._first_rows[layer_idx]
+        n, d, own = self.num_key_value_heads, self.head_dim, self.value_heads[layer_idx]
+        rows = self._head_rows
+        rows.index_copy_(0, self._rows(write_index, "w", n, key_row), key_states.reshape(-1, d))
+        rows.index_copy_(0, self._rows(write_index, "w", own, value_row), value_states.reshape(-1, d))
+        if read_index.numel() == 0:
+            return key_states, value_states
+        keys = rows.index_select(0, self._rows(read_index, "r", n, key_row)).view(-1, n, d)
+        value_rows = self.relative_rows(read_index, "r", own) + value_row
+        if own < n:
+            start, per_token, first = self._borrowed_rows
+            borrowed = self.relative_rows(read_index, "r", per_token)[:, first:] + start
+            value_rows = torch.cat([value_rows, borrowed], dim=1)
+        values = rows.index_select(0, value_rows.flatten()).view(-1, n, d)
+        return keys, values
+
+    def relative_rows(self, index: torch.Tensor, kind: str, heads: int) -> torch.Tensor:
+        """Head rows [tokens, heads] of the slots `index` for a store of `heads` heads per token,
+        relative to the store's first row in a block; computed once per forward and kind."""
+        key = (kind, heads)
+        rows = self._relative_rows.get(key)
+        if rows is None:
+            block, offset = self.slots(index)
+            first = block * self._block_rows + offset * heads
+            rows = first[:, None] + torch.arange(heads, device=index.device)
+            self._relative_rows[key] = rows
+        return rows
+
+    def _rows(self, index: torch.Tensor, kind: str, heads: int, first_row: int) -> torch.Tensor:
+        return (self.relative_rows(index, kind, heads) + first_row).flatten()
 
     def update_stores(self, stores, states, read_index, write_index) -> tuple:
         """Writes the new tokens, then reads the request's whole sequence back."""
