@@ -169,7 +169,9 @@ class SkipV1CacheAllocator(PerLayerValuePages, FullAttentionCacheAllocator):
         n, d, own = self.num_key_value_heads, self.head_dim, self.value_heads[layer_idx]
         rows = self._head_rows
         rows.index_copy_(0, self._rows(write_index, "w", n, key_row), key_states.reshape(-1, d))
-        rows.index_copy_(0, self._rows(write_index, "w", own, value_row), value_states.reshape(-1, d))
+        rows.index_copy_(
+            0, self._rows(write_index, "w", own, value_row), value_states.reshape(-1, d)
+        )
         if read_index.numel() == 0:
             return key_states, value_states
         keys = rows.index_select(0, self._rows(read_index, "r", n, key_row)).view(-1, n, d)
