@@ -119,13 +119,6 @@ class PerLayerValuePages:
             self._first_rows[layer] = (start // d, keys_end // d)
             start = end
         self._borrowed_view = rows[:, start:].view(blocks, page, self.borrowed_heads, d)
-        # where later layers read layer 0's borrowed heads: (first row, heads per token, first head)
-        if self.borrowed_heads:
-            self._borrowed_rows = (start // d, self.borrowed_heads, 0)
-        elif 0 in self.layer_indices:
-            own = n - self.skip_v_heads
-            self._borrowed_rows = (self._first_rows[0][1], n, own)
-        self._relative_rows: dict[tuple[str, int], torch.Tensor] = {}
 
     @classmethod
     def get_bytes_per_page(cls, num_key_value_heads, head_dim, cache_dtype, page_size) -> int:
@@ -137,18 +130,6 @@ class PerLayerValuePages:
         """(block, offset in the block) of logical token slots."""
         return index // self.tokens_per_page, index % self.tokens_per_page
 
-    def update(self, key_states, value_states, layer_idx, read_index, write_index):
-        """Stores the new tokens' keys and own values and returns the request's cached ones with
-        them (shapes [tokens, heads, head_dim], the layer's own value heads only)."""
-        states = (key_states, value_states)
-        return self.update_stores(self._layer_views[layer_idx], states, read_index, write_index)
-
-    def update_borrowed(self, borrowed, read_index, write_index) -> torch.Tensor:
-        """Stores layer 0's borrowed heads of the new tokens [tokens, s, head_dim] and returns
-        them at the positions this allocator's layers read."""
-        (out,) = self.update_stores((self._borrowed_view,), (borrowed,), read_index, write_index)
-        return out
-
     def get_cache_for_block_table(self, layer_idx: int):
         raise NotImplementedError("SkipV1 pages are read through the index path")
 
@@ -159,6 +140,18 @@ class SkipV1CacheAllocator(PerLayerValuePages, FullAttentionCacheAllocator):
     A later layer's read returns all n_kv value heads: its own from its pages and layer 0's
     borrowed ones, gathered together by one index_select (the read copies the cached values
     anyway, as transformers' does), so the layer attends with one call, as the source does."""
+
+    def register_cache_tensor(self, *args, **kwargs):
+        super().register_cache_tensor(*args, **kwargs)
+        n, d = self.num_key_value_heads, self.head_dim
+        # where later layers read layer 0's borrowed heads: (first row, heads per token, first
+        # head), in the store after the layers' pages or in layer 0's pages (its last s heads)
+        if self.borrowed_heads:
+            store_row = sum(self.layer_elements.values()) // d
+            self._borrowed_rows = (store_row, self.borrowed_heads, 0)
+        else:
+            self._borrowed_rows = (self._first_rows[0][1], n, n - self.skip_v_heads)
+        self._relative_rows: dict[tuple[str, int], torch.Tensor] = {}
 
     def update(self, key_states, value_states, layer_idx, read_index, write_index):
         """Stores the new tokens' keys and own values; returns the request's cached keys and all
@@ -198,15 +191,11 @@ class SkipV1CacheAllocator(PerLayerValuePages, FullAttentionCacheAllocator):
     def _rows(self, index: torch.Tensor, kind: str, heads: int, first_row: int) -> torch.Tensor:
         return (self.relative_rows(index, kind, heads) + first_row).flatten()
 
-    def update_stores(self, stores, states, read_index, write_index) -> tuple:
-        """Writes the new tokens, then reads the request's whole sequence back."""
+    def update_borrowed(self, borrowed, read_index, write_index) -> None:
+        """Stores layer 0's borrowed heads of the new tokens [tokens, s, head_dim]; the layers
+        here read them with their own values (`update`), so nothing is read back."""
         block, offset = self.slots(write_index)
-        for store, new in zip(stores, states, strict=True):
-            store[block, offset] = new
-        if read_index.numel() == 0:
-            return states
-        block, offset = self.slots(read_index)
-        return tuple(store[block, offset] for store in stores)
+        self._borrowed_view[block, offset] = borrowed
 
 
 class SkipV1SlidingCacheAllocator(PerLayerValuePages, SlidingAttentionCacheAllocator):
@@ -219,6 +208,18 @@ class SkipV1SlidingCacheAllocator(PerLayerValuePages, SlidingAttentionCacheAlloc
             raise ValueError(f"sliding_window must be a positive integer, not {sliding_window!r}")
         self.sliding_window = sliding_window
         super().__init__(config=config, **kwargs)
+
+    def update(self, key_states, value_states, layer_idx, read_index, write_index):
+        """Stores the new tokens' keys and own values and returns the request's cached ones with
+        them (shapes [tokens, heads, head_dim], the layer's own value heads only)."""
+        states = (key_states, value_states)
+        return self.update_stores(self._layer_views[layer_idx], states, read_index, write_index)
+
+    def update_borrowed(self, borrowed, read_index, write_index) -> torch.Tensor:
+        """Stores layer 0's borrowed heads of the new tokens [tokens, s, head_dim] and returns
+        them at the positions this allocator's layers read."""
+        (out,) = self.update_stores((self._borrowed_view,), (borrowed,), read_index, write_index)
+        return out
 
     def update_stores(self, stores, states, read_index, write_index) -> tuple:
         """Reads the window's cached tokens first (a new token may overwrite the oldest), puts the
@@ -249,7 +250,8 @@ def paged_borrowed_values(cache, borrowed: torch.Tensor, kwargs: dict) -> dict |
             read_index = kwargs["read_index"][allocator.index]
             write_index = kwargs["write_index"][allocator.index]
             read = allocator.update_borrowed(new, read_index, write_index)
-            out[kind] = read.transpose(0, 1).unsqueeze(0)
+            if read is not None:  # the sliding allocator's layers attend over them apart
+                out[kind] = read.transpose(0, 1).unsqueeze(0)
     return out or None
 
 
