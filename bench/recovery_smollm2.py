@@ -44,12 +44,17 @@ ARMS = {
 GOAL_PCT = 2.0
 
 
+def documents(src: Path) -> list[str]:
+    """The non-empty 50-line documents of a text file, in order."""
+    lines = src.read_text(encoding="utf-8", errors="replace").splitlines()
+    docs = ["\n".join(lines[i : i + LINES_PER_DOC]) for i in range(0, len(lines), LINES_PER_DOC)]
+    return [d for d in docs if d.strip()]
+
+
 def write_documents(src: Path, dst: Path, chars: int | None) -> int:
     """50-line documents of `src`, `chars` characters of them at most, taken evenly over the
     whole file (so the text is not just its first letters or books)."""
-    lines = src.read_text(encoding="utf-8", errors="replace").splitlines()
-    docs = ["\n".join(lines[i : i + LINES_PER_DOC]) for i in range(0, len(lines), LINES_PER_DOC)]
-    docs = [d for d in docs if d.strip()]
+    docs = documents(src)
     if chars is not None:
         docs = docs[:: max(1, math.ceil(sum(map(len, docs)) / chars))]
     dst.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
