@@ -74,9 +74,12 @@ def export_source(dst: Path) -> None:
     export_gguf_as_hf(smollm2_gguf_path(), dst)
 
 
-def convert(source: Path, init: str, dst: Path) -> None:
+def convert(source: Path, init: str, dst: Path, calib_data: Path | None = None) -> None:
+    """`skipv1 convert`, calibrated on its default text unless `calib_data` is given."""
     dst.mkdir(parents=True, exist_ok=True)
     cmd = [*skipv1_cmd(), "convert", str(source), str(dst / "model"), "--init", init]
+    if calib_data is not None:
+        cmd += ["--calib-data", str(calib_data)]
     run_logged([*cmd, "--skip-heads", "1", "--quiet"], dst / "log.txt")
 
 
