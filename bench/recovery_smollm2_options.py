@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recovery import eval_curve_tokens, stage  # noqa: E402
 from recovery_smollm2 import (  # noqa: E402
     BATCH_TOKENS,
+    CONVERSIONS,
     REPO,
     convert,
     documents,
@@ -131,16 +132,11 @@ within what another order could change. No wall times: the runs shared the CPU w
     print(f"wrote {out / 'recovery_smollm2_options.md'}")
 
 
-def conversions(work: Path) -> dict:
-    """model name -> how to make it: the default-calibrated conversion the main bench shares,
-    and one calibrated on the training text (GCIDE) instead of the CPython docs."""
-    source, data = work / "source", work / "data"
-    return {
-        "reconstruct": lambda: convert(source, "reconstruct", work / "reconstruct"),
-        "reconstruct_train_calib": lambda: convert(
-            source, "reconstruct", work / "reconstruct_train_calib", data / "train.jsonl"
-        ),
-    }
+def make_conversion(work: Path, name: str) -> None:
+    """One of recovery_smollm2.CONVERSIONS, into the shared work dir."""
+    init, calib = CONVERSIONS[name]
+    calib_data = work / "data" / "train.jsonl" if calib == "train" else None
+    convert(work / "source", init, work / name, calib_data)
 
 
 def main() -> None:
@@ -163,11 +159,12 @@ def main() -> None:
     stage(source / "DONE", "export the packaged SmolLM2 as HF", lambda: export_source(source))
     stage(data / "DONE", "write data", lambda: make_data(corpus, data, 64 * BATCH_TOKENS, 32))
     stage(data / "GCIDE_EVAL_DONE", "GCIDE held-out", lambda: write_gcide_eval(corpus, data))
-    make = conversions(work)
     for name in args.runs:
         label, model, domain, changes = RUNS[name]
-        if model in make:
-            stage(work / model / "DONE", f"convert: {model}", make[model])
+        if model in CONVERSIONS:
+            stage(
+                work / model / "DONE", f"convert: {model}", lambda m=model: make_conversion(work, m)
+            )
         out = work / "options" / name
         config = run_config(work, model, domain, changes)
         stage(out / "DONE", f"{name}: {label}", lambda c=config, o=out: uptrain(c, o))
