@@ -45,6 +45,17 @@ def test_defaults_follow_the_paper(tmp_path):
     assert total_steps(r) == 16 and gradient_accumulation(r, 2) == 2
 
 
+def test_an_on_the_fly_conversion_calibrates_on_the_training_text_unless_told(tmp_path):
+    train = tmp_path / "a.jsonl"
+    train.write_text('{"text": "some words"}\n')
+    model, data = {"path": None, "source": str(tmp_path)}, {"train": str(train)}
+    r = load_recipe(write_recipe(tmp_path / "r.yaml", model=model, data=data))
+    assert r.model.calib_data == str(train)
+    model["calib_data"] = "embedded:train"
+    r = load_recipe(write_recipe(tmp_path / "r.yaml", model=model, data=data))
+    assert r.model.calib_data == "embedded:train"
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

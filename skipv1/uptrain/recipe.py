@@ -88,7 +88,9 @@ class ModelSection(Section):
     # checks them: ConvertOptions.check in check_recipe)
     skip_heads: Int | None = CONVERT.skip_heads
     init: str = CONVERT.init
-    calib_data: DataSource = CONVERT.calib_data
+    # null: the run's own `data.train`; calibrating on the text the run trains on measured
+    # better on a third domain too (docs/results/recovery_smollm2_options.md)
+    calib_data: DataSource = None
     calib_tokens: Int = CONVERT.calib_tokens
     calib_seq_len: Int = CONVERT.calib_seq_len
     calib_distill_steps: Int = CONVERT.calib_distill_steps
@@ -236,6 +238,8 @@ class Recipe(Section):
             raise ValueError(
                 "`data.train` is missing: give files, a glob, `embedded` or a Hub name"
             )
+        if self.model.calib_data is None:
+            self.model.calib_data = self.data.train
         b = self.budget
         if (b.tokens is None) == (b.fraction is None):
             raise ValueError("set exactly one of `budget.tokens` and `budget.fraction`")
