@@ -53,6 +53,12 @@ RUNS = {
         "kjv",
         {},
     ),
+    "calib_train_lr2x": (
+        "E_calib_train at twice the peak lr (3e-4)",
+        "reconstruct_train_calib",
+        "kjv",
+        {"optim.lr": 2 * LR},
+    ),
     "A_gcide": ("(A) MHA control, evaluated on held-out GCIDE", "source", "gcide", {"alpha": 0}),
     "E_gcide": ("(E), evaluated on held-out GCIDE", "reconstruct", "gcide", {}),
 }
