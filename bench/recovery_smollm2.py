@@ -6,6 +6,7 @@ an MHA control continued on the same text with the same tokens. One command, end
 
 Three domains, none shared between two roles:
 - calibration (`skipv1 convert`'s default `--calib-data embedded:train`): CPython documentation;
+  arm (F) calibrates on the training text instead;
 - training: the GCIDE dictionary (`gcide.txt` from --corpus-dir, by path), 50-line documents
   spread evenly over the whole file;
 - evaluation: the King James Bible (`kjv.txt`), 50-line documents spread evenly over the book.
