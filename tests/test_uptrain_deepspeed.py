@@ -164,7 +164,9 @@ def test_a_rank_data_error_is_one_line_exit_2(workdir):
 
 def test_a_killed_local_rank_is_one_line_naming_it_without_a_traceback(workdir):
     """Rank 1 of `--nproc 2` SIGKILLs itself at step 2: torchrun stops rank 0, and the launching
-    process prints one line naming the dead rank and what rank 0 saw, not torchrun's report."""
+    process prints one line naming the dead rank and, when rank 0 saw the loss before torchrun
+    stopped it, what rank 0 saw, not torchrun's report. Which comes first (rank 0's failed
+    collective or torchrun's SIGTERM) is a race on a busy machine, so both endings are checked."""
     env = {"SKIPV1_FAULT": "train-step:2@1"}
     proc = uptrain(workdir, "killed_rank", "deepspeed.zero_stage=0", "eval.every=0", env=env)
     out, err = proc.communicate(timeout=180)
@@ -173,7 +175,10 @@ def test_a_killed_local_rank_is_one_line_naming_it_without_a_traceback(workdir):
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors == [err.strip().splitlines()[-1]], err[-3000:]
     assert errors[0].startswith("error: rank 1 was killed by SIGKILL")
-    assert "rank 0: another rank is gone (at step 2" in errors[0]
+    then = errors[0].split("; then ", 1)[1]
+    assert then.startswith("rank 0: another rank is gone (at step 2") or then.startswith(
+        "the other ranks were stopped; rerun the same command to resume"
+    ), errors[0]
 
 
 def test_source_is_converted_on_the_fly_single_process_zero0(checkpoint, tmp_path, workdir, cli):
