@@ -37,10 +37,13 @@ BATCH_TOKENS = 2048  # 8 sequences of 256 per optimizer step
 PRETRAINING_TOKENS = 2_000_000_000_000  # SmolLM2-135M model card
 # conversion name: (`skipv1 convert --init`, calibration text: None for convert's default, the
 # CPython docs; "train" for the training text)
+# name: (init, calibration text: None = convert's default or "train", calibration tokens or
+# None = convert's default, 32,768)
 CONVERSIONS = {
-    "calibrated": ("calibrated", None),
-    "reconstruct": ("reconstruct", None),
-    "reconstruct_train_calib": ("reconstruct", "train"),
+    "calibrated": ("calibrated", None, None),
+    "reconstruct": ("reconstruct", None, None),
+    "reconstruct_train_calib": ("reconstruct", "train", None),
+    "reconstruct_train_calib_4x": ("reconstruct", "train", 4 * 32768),
 }
 # (label, conversion or None for the source itself, distillation from the source)
 ARMS = {
@@ -85,12 +88,20 @@ def export_source(dst: Path) -> None:
     export_gguf_as_hf(smollm2_gguf_path(), dst)
 
 
-def convert(source: Path, init: str, dst: Path, calib_data: Path | None = None) -> None:
-    """`skipv1 convert`, calibrated on its default text unless `calib_data` is given."""
+def convert(
+    source: Path,
+    init: str,
+    dst: Path,
+    calib_data: Path | None = None,
+    calib_tokens: int | None = None,
+) -> None:
+    """`skipv1 convert`, calibrated on its default text and token count unless given."""
     dst.mkdir(parents=True, exist_ok=True)
     cmd = [*skipv1_cmd(), "convert", str(source), str(dst / "model"), "--init", init]
     if calib_data is not None:
         cmd += ["--calib-data", str(calib_data)]
+    if calib_tokens is not None:
+        cmd += ["--calib-tokens", str(calib_tokens)]
     run_logged([*cmd, "--skip-heads", "1", "--quiet"], dst / "log.txt")
 
 
@@ -298,12 +309,14 @@ def main() -> None:
     for arm in only:
         label, conversion, distill = ARMS[arm]
         if conversion:
-            init, calib = CONVERSIONS[conversion]
+            init, calib, tokens = CONVERSIONS[conversion]
             calib_data = data / "train.jsonl" if calib == "train" else None
             stage(
                 work / conversion / "DONE",
                 f"convert: {conversion}",
-                lambda i=init, c=conversion, d=calib_data: convert(source, i, work / c, d),
+                lambda i=init, c=conversion, d=calib_data, t=tokens: convert(
+                    source, i, work / c, d, t
+                ),
             )
         model = work / conversion / "model" if conversion else source
         teacher = source if distill else None

@@ -59,6 +59,12 @@ RUNS = {
         "kjv",
         {"optim.lr": 2 * LR},
     ),
+    "calib_train_4x": (
+        "E_calib_train with 4x the calibration tokens (131,072 of the training text)",
+        "reconstruct_train_calib_4x",
+        "kjv",
+        {},
+    ),
     "A_gcide": ("(A) MHA control, evaluated on held-out GCIDE", "source", "gcide", {"alpha": 0}),
     "E_gcide": ("(E), evaluated on held-out GCIDE", "reconstruct", "gcide", {}),
 }
@@ -140,9 +146,9 @@ within what another order could change. No wall times: the runs shared the CPU w
 
 def make_conversion(work: Path, name: str) -> None:
     """One of recovery_smollm2.CONVERSIONS, into the shared work dir."""
-    init, calib = CONVERSIONS[name]
+    init, calib, tokens = CONVERSIONS[name]
     calib_data = work / "data" / "train.jsonl" if calib == "train" else None
-    convert(work / "source", init, work / name, calib_data)
+    convert(work / "source", init, work / name, calib_data, tokens)
 
 
 def main() -> None:
