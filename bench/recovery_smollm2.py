@@ -6,7 +6,7 @@ an MHA control continued on the same text with the same tokens. One command, end
 
 Three domains, none shared between two roles:
 - calibration (`skipv1 convert`'s default `--calib-data embedded:train`): CPython documentation;
-  arm (F) calibrates on the training text instead;
+  arms (F) and (G) calibrate on the training text instead ((G) on 4x the tokens);
 - training: the GCIDE dictionary (`gcide.txt` from --corpus-dir, by path), 50-line documents
   spread evenly over the whole file;
 - evaluation: the King James Bible (`kjv.txt`), 50-line documents spread evenly over the book.
@@ -52,6 +52,7 @@ ARMS = {
     "D": ("SkipV1 --init reconstruct (default)", "reconstruct", False),
     "E": ("D + distillation from the source (alpha 0.5, T 1)", "reconstruct", True),
     "F": ("E, converted with calibration on the training text", "reconstruct_train_calib", True),
+    "G": ("F with 4x the calibration tokens (131,072)", "reconstruct_train_calib_4x", True),
 }
 GOAL_PCT = 2.0
 # the command of arms from before the report recorded one per arm
@@ -245,7 +246,7 @@ cores):
   30 layers, 9 heads, 3 KV heads. SkipV1 arms: `skipv1 convert SOURCE DST --init INIT
   --skip-heads 1` (1 of the 3 KV heads borrowed from layer 0), calibrated on convert's default
   text, CPython documentation (`embedded:train`, 32,768 tokens), except (F): `--calib-data`
-  the training text (GCIDE). Conversion wall time (s) of those made here:
+  the training text (GCIDE), and (G): the same with `--calib-tokens 131072`. Conversion wall time (s) of those made here:
   {", ".join(f"{k} {v:.0f}" for k, v in convert_s.items())}.
 - Training (every arm, one recipe; only the starting checkpoint differs, and (E) adds a KL term
   to the source's predictions, `distill.teacher` = the source): `skipv1 uptrain`,
