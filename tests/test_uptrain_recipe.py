@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import yaml
 
+from skipv1.convert.options import ConvertOptions
 from skipv1.errors import SkipV1Error
 from skipv1.uptrain.data import (
     InMemoryBatches,
@@ -46,14 +47,18 @@ def test_defaults_follow_the_paper(tmp_path):
 
 
 def test_an_on_the_fly_conversion_calibrates_on_the_training_text_unless_told(tmp_path):
+    """...and on 131,072 tokens of it, 4x `skipv1 convert`'s default (the better start measured
+    in docs/results/recovery_smollm2_options.md), unless told."""
     train = tmp_path / "a.jsonl"
     train.write_text('{"text": "some words"}\n')
     model, data = {"path": None, "source": str(tmp_path)}, {"train": str(train)}
     r = load_recipe(write_recipe(tmp_path / "r.yaml", model=model, data=data))
     assert r.model.calib_data == str(train)
-    model["calib_data"] = "embedded:train"
+    assert r.model.convert_options().calib_tokens == 131072 == 4 * ConvertOptions().calib_tokens
+    model.update(calib_data="embedded:train", calib_tokens=4096)
     r = load_recipe(write_recipe(tmp_path / "r.yaml", model=model, data=data))
     assert r.model.calib_data == "embedded:train"
+    assert r.model.convert_options().calib_tokens == 4096
 
 
 @pytest.mark.parametrize(
