@@ -93,8 +93,8 @@ class ModelSection(Section):
     calib_data: DataSource = None
     # 4x convert's default: training text is rarely short, and on SmolLM2 131,072 tokens of it
     # started uptraining at 21.0 KJV perplexity against 23.6 from 32,768 (same recipe after
-    # 32k training tokens: 19.6 vs 21.3; recovery_smollm2_options.md); text shorter than this
-    # is used whole
+    # 32k training tokens: 19.6 vs 21.3; recovery_smollm2_options.md) for 2.1x the conversion
+    # time; text shorter than this is used whole
     calib_tokens: Int = 4 * CONVERT.calib_tokens
     calib_seq_len: Int = CONVERT.calib_seq_len
     calib_distill_steps: Int = CONVERT.calib_distill_steps
