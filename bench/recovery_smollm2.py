@@ -147,13 +147,14 @@ def uptrain(config: dict, out: Path) -> None:
 # --- report -----------------------------------------------------------------------------------
 
 
-def summarize(work: Path, last: dict, command: str) -> dict:
-    """Every arm's curve: from this work dir where it ran here, else carried from the report's
-    last version (`last`, its json) with the command that made it; arms in neither are left out."""
+def summarize(work: Path, last: dict, command: str, ran: list[str]) -> dict:
+    """Every arm's curve: from this work dir for the arms this command ran (`ran`), else
+    carried from the report's last version (`last`, its json) with the command that made it,
+    else from the work dir; arms in none are left out."""
     arms = {}
     for arm in ARMS:
         done = work / "arms" / arm / "DONE"
-        if done.is_file():
+        if done.is_file() and (arm in ran or arm not in last.get("arms", {})):
             curve = eval_curve_tokens(work / "arms" / arm / "run")
             arms[arm] = {"curve": curve, "seconds": seconds(done), "command": command}
         elif arm in last.get("arms", {}):
@@ -333,7 +334,7 @@ def main() -> None:
     if any(last.get("args", {}).get(k) != getattr(args, k) for k in same):
         last = {}  # arms of another budget or evaluation are not comparable: carry none
     command = ".venv/bin/python bench/recovery_smollm2.py " + shlex.join(sys.argv[1:])
-    s = summarize(work, last, command.strip())
+    s = summarize(work, last, command.strip(), args.arms or list(ARMS))
     results.mkdir(parents=True, exist_ok=True)
     plot(s, results / "recovery_smollm2.png")
     write_report(s, args, work, results, command.strip())
