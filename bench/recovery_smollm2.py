@@ -44,6 +44,8 @@ CONVERSIONS = {
     "reconstruct": ("reconstruct", None, None),
     "reconstruct_train_calib": ("reconstruct", "train", None),
     "reconstruct_train_calib_4x": ("reconstruct", "train", 4 * 32768),
+    # more than the training text holds (~212k tokens at the default budget): all of it
+    "reconstruct_train_calib_all": ("reconstruct", "train", 8 * 32768),
 }
 # (label, conversion or None for the source itself, distillation from the source)
 ARMS = {

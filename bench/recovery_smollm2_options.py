@@ -65,6 +65,12 @@ RUNS = {
         "kjv",
         {},
     ),
+    "calib_train_all": (
+        "E_calib_train calibrated on all the training text (--calib-tokens 262144: ~212k)",
+        "reconstruct_train_calib_all",
+        "kjv",
+        {},
+    ),
     "A_gcide": ("(A) MHA control, evaluated on held-out GCIDE", "source", "gcide", {"alpha": 0}),
     "E_gcide": ("(E), evaluated on held-out GCIDE", "reconstruct", "gcide", {}),
 }

@@ -69,6 +69,26 @@ def test_calibrated_output_follows_the_recorded_order(source, tmp_path, convert)
 
 
 @pytest.mark.slow
+def test_a_calibration_text_shorter_than_asked_is_used_whole_and_recorded_so(
+    source, tmp_path, convert
+):
+    text = tmp_path / "short.jsonl"
+    text.write_text("".join(f'{{"text": "Line {i} of a short text."}}\n' for i in range(40)))
+    args = ["--calib-data", text, "--calib-tokens", "100000", "--calib-seq-len", "64"]
+    dst = convert(source, tmp_path / "cal", "--skip-heads", 2, "--init", "calibrated", *args)
+    record = json.loads((dst / "skipv1_conversion.json").read_text())["calibration"]
+    assert record["tokens_asked"] == 100000
+    assert 0 < record["tokens"] < 100000 and record["tokens"] % 64 == 0
+    full = json.loads(
+        (
+            convert(source, tmp_path / "full", "--init", "calibrated", *CALIB)
+            / "skipv1_conversion.json"
+        ).read_text()
+    )["calibration"]
+    assert full["tokens"] == 2048 and "tokens_asked" not in full
+
+
+@pytest.mark.slow
 def test_calibrated_is_closer_to_the_source_than_mean(source, tmp_path, convert):
     ids = torch.randint(0, 320, (4, 48), generator=torch.Generator().manual_seed(0))
     src_model = AutoModelForCausalLM.from_pretrained(source).eval()

@@ -523,7 +523,9 @@ def calibrate_source(prepared, options, quiet: bool):
             wrap,
         )
         result = plan.init_method.fit(run)
-    return result if view is None else view.wrap(result)
+    result = result if view is None else view.wrap(result)
+    result.tokens_used = int(ids.numel())  # fewer than asked where the text is shorter
+    return result
 
 
 def calibration_device() -> str:
@@ -565,9 +567,12 @@ METHOD = (
 
 def calibration_record(calibration, options) -> dict:
     """Settings and per-layer results for skipv1_conversion.json."""
+    used = {"tokens": calibration.tokens_used}
+    if calibration.tokens_used != options.calib_tokens:  # a shorter text, used whole
+        used["tokens_asked"] = options.calib_tokens
     return {
         "data": str(options.calib_data),
-        "tokens": options.calib_tokens,
+        **used,
         "seq_len": options.calib_seq_len,
         "method": getattr(calibration, "method", METHOD),
         **({"distill": calibration.distill} if getattr(calibration, "distill", None) else {}),
