@@ -34,6 +34,13 @@ CONVERSIONS = {
     "reconstruct-8k-no-distill": ["--calib-tokens", "8192", "--calib-distill-steps", "0"],
     "reconstruct-no-distill": ["--calib-distill-steps", "0"],
 }
+DEFAULT_ROWS = list(CONVERSIONS)  # the SmolLM2 report's rows
+# calibration budgets beyond the default, for small sources (--only): hours on SmolLM2
+CONVERSIONS |= {
+    "reconstruct-8x": ["--calib-tokens", "262144"],
+    "reconstruct-distill-300": ["--calib-distill-steps", "300"],
+    "reconstruct-8x-distill-300": ["--calib-tokens", "262144", "--calib-distill-steps", "300"],
+}
 EVAL_TOKENS = 8192
 CTX = 512
 
@@ -95,7 +102,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/skipv1-post-conversion"))
     parser.add_argument("--corpus-dir", type=Path, default=ROOT.parent / "shared/data/corpus")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/results")
-    parser.add_argument("--only", nargs="*", default=list(CONVERSIONS))
+    parser.add_argument("--only", nargs="*", choices=CONVERSIONS, default=DEFAULT_ROWS)
     parser.add_argument("--source", type=Path, help="another source (default: SmolLM2)")
     parser.add_argument("--calib-data", help="calibration text for --source (a data spec)")
     parser.add_argument(

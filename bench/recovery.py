@@ -54,6 +54,9 @@ class Arm:
     attention_first: float = 0.0  # optim.attention_first_fraction
     lr_scale: float = 1.0  # peak lr as a multiple of the scale's arm_lr
     model_from: str | None = None  # start from this arm's converted checkpoint (same init)
+    calib_tokens: int | None = None  # `convert --calib-tokens`; None: the scale's
+    calib_distill_steps: int = 30  # `convert --calib-distill-steps` (reconstruct)
+    budget_pct: float = 15.0  # training tokens, % of T; the lr schedule ends there
 
 
 ARMS = {
@@ -85,6 +88,36 @@ ARMS = {
         alpha=0.9,
         temperature=2.0,
         model_from="D",
+    ),
+}
+# the best conversion budget of bench/post_conversion.py on this source, and a short schedule
+ARMS |= {
+    "L": Arm(
+        "E from a conversion on 8x the calibration tokens, 300 distillation steps",
+        "reconstruct",
+        distill=True,
+        calib_tokens=262_144,
+        calib_distill_steps=300,
+        seeds=SEEDS,
+    ),
+    "M": Arm(
+        "L trained for 2.5% of T (its schedule ends there)",
+        "reconstruct",
+        distill=True,
+        budget_pct=2.5,
+        model_from="L",
+        seeds=SEEDS,
+    ),
+    "O": Arm(
+        "E trained for 2.5% of T (its schedule ends there)",
+        "reconstruct",
+        distill=True,
+        budget_pct=2.5,
+        model_from="D",
+        seeds=SEEDS,
+    ),
+    "N": Arm(
+        "MHA continued for 2.5% of T (the control of M and O)", None, budget_pct=2.5, seeds=SEEDS
     ),
 }
 SKIPV1_ARMS = [a for a, spec in ARMS.items() if spec.init not in (None, "gqa")]
@@ -215,7 +248,7 @@ def recipe(
     their `Arm` options and their seed (the data order)."""
     arm = arm or Arm("pretraining", None)
     t = scale.pretrain_tokens
-    steps = 100 * scale.steps_per_pct if pretrain else 15 * scale.steps_per_pct
+    steps = 100 * scale.steps_per_pct if pretrain else round(arm.budget_pct * scale.steps_per_pct)
     blocks = scale.batch_tokens // scale.seq_len
     return {
         "model": {"path": str(model), "dtype": "float32", "gradual_fraction": arm.gradual},
@@ -298,8 +331,11 @@ def arm_model(arm: str, source: Path, data: Path, scale: Scale, out: Path) -> Pa
     cmd = [*skipv1_cmd(), "convert", str(source), str(model), "--init", init, "--quiet"]
     cmd += ["--skip-heads", str(scale.heads // 2)]
     if init in ("calibrated", "reconstruct"):
+        spec = ARMS[arm]
         cmd += ["--calib-data", str(data / "train.jsonl"), "--calib-tokens"]
-        cmd += [str(scale.calib_tokens), "--calib-seq-len", str(scale.seq_len)]
+        cmd += [str(spec.calib_tokens or scale.calib_tokens), "--calib-seq-len", str(scale.seq_len)]
+    if init == "reconstruct":
+        cmd += ["--calib-distill-steps", str(ARMS[arm].calib_distill_steps)]
     out.mkdir(parents=True, exist_ok=True)
     run_logged(cmd, out / "log.txt")
     return model
@@ -328,6 +364,8 @@ on few tokens per parameter, and perplexity is measured on a few dozen blocks: d
 few tenths of a point are within noise. `--scale converged` runs the issue's configuration; its
 report is `recovery.md`."""
 POINTS = (2.5, 5, 10, 15)  # % of T reported in the table
+EARLIER = "an earlier run (its command was not recorded)"
+PAIRED = ("D", "E", "H", "I", "K", "J")  # seed 0 of these, side by side
 
 
 def eval_curve_tokens(run_dir: Path) -> list[tuple[int, float]]:
@@ -353,6 +391,22 @@ def compute_fraction(model: Path, source: Path, teacher: bool, pct: float) -> fl
     return (6 * p_arm + (2 * p_src if teacher else 0)) * pct / (6 * p_src * 100)
 
 
+def conversion_compute(arm: str, scale: Scale) -> float:
+    """An estimate of the conversion's FLOPs as a fraction of the source's pretraining FLOPs
+    (6 P T): each calibration stream is a forward (2 P per token; `reconstruct` carries two),
+    and each step of its attention distillation a student forward and backward and a teacher
+    forward (8 P per token, 4 sequences per step)."""
+    spec = ARMS[arm]
+    if spec.model_from:
+        spec = ARMS[spec.model_from]
+    if spec.init not in ("calibrated", "reconstruct"):
+        return 0.0
+    tokens = spec.calib_tokens or scale.calib_tokens
+    streams, steps = (2, spec.calib_distill_steps) if spec.init == "reconstruct" else (1, 0)
+    flops = 2 * streams * tokens + 8 * 4 * scale.seq_len * steps  # per parameter
+    return flops / (6 * scale.pretrain_tokens)
+
+
 def kv_bytes(model: Path) -> int:
     from skipv1.checkpoint_info import read_config
     from skipv1.modeling.layout import kv_layout
@@ -360,12 +414,21 @@ def kv_bytes(model: Path) -> int:
     return kv_layout(read_config(model)).bytes_per_token(2)
 
 
-def ppl_at(curve: list[tuple[float, float]], pct: float) -> float:
-    """Perplexity at `pct`% of T (linear between the two nearest evaluations)."""
+def ppl_at(curve: list[tuple[float, float]], pct: float) -> float | None:
+    """Perplexity at `pct`% of T (linear between the two nearest evaluations); None past the
+    run's end."""
     for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
         if x0 <= pct <= x1:
             return y0 + (y1 - y0) * (pct - x0) / (x1 - x0)
-    return curve[-1][1]
+    return curve[-1][1] if pct <= curve[-1][0] + 1e-9 else None
+
+
+def ppl_stats(curves: list, mean_curve: list, pct: float) -> dict | None:
+    """Mean, min and max over seeds at `pct`% of T; None past the arm's budget."""
+    if ppl_at(mean_curve, pct) is None:
+        return None
+    each = [ppl_at(c, pct) for c in curves]
+    return {"mean": ppl_at(mean_curve, pct), "min": min(each), "max": max(each)}
 
 
 def first_reach(curve: list[tuple[float, float]], target: float, start: float = 0) -> float | None:
@@ -378,41 +441,74 @@ def seed_dirs(root: Path, arm: str) -> list[Path]:
     return [root / arm / f"seed{k}" for k in range(ARMS[arm].seeds)]
 
 
-def summarize(root: Path, scale: Scale, source: Path) -> dict:
+def measured_arm(root: Path, arm: str, scale: Scale, source: Path, command: str) -> dict:
+    spec = ARMS[arm]
+    curves = [eval_curve(d / "run", scale) for d in seed_dirs(root, arm)]
+    model = source if spec.init is None else root / (spec.model_from or arm) / "model"
+    mean = [(pts[0][0], sum(p[1] for p in pts) / len(pts)) for pts in zip(*curves, strict=True)]
+    return {
+        "curves": curves,
+        "mean_curve": mean,
+        "kv_bytes_per_token": kv_bytes(model),
+        "compute_per_pct": compute_fraction(model, source, spec.distill, 1.0),
+        "seconds": sum(seconds(d / "DONE") for d in seed_dirs(root, arm)) / spec.seeds,
+        "command": command,
+    }
+
+
+def summarize(root: Path, scale: Scale, source: Path, last: dict, command: str, ran) -> dict:
+    """Every arm: measured in this work dir for the arms this command ran (`ran`) or that the
+    report's last version (`last`, its json) lacks, else carried from it with the command that
+    made it; arms in neither are left out. Carrying needs the same source: its pretraining
+    must end at the validation perplexity the carried arms started from (to 1e-4: the
+    tolerance of evaluating the exported copy instead of the trained model)."""
+    pretrained = eval_curve(root.parent / "source" / "run", scale)[-1][1]
+    if last and abs(last["source_ppl"] - pretrained) > 1e-4 * pretrained:
+        sys.exit(
+            f"this work dir's source ends at validation ppl {pretrained:.6f}, the report's arms "
+            f"started from {last['source_ppl']:.6f}: another source; rerun every arm (no "
+            "--arms) or use the work dir they ran in"
+        )
     arms = {}
-    for arm, spec in ARMS.items():
-        curves = [eval_curve(d / "run", scale) for d in seed_dirs(root, arm)]
-        model = source if spec.init is None else root / (spec.model_from or arm) / "model"
-        mean = [(pts[0][0], sum(p[1] for p in pts) / len(pts)) for pts in zip(*curves, strict=True)]
-        arms[arm] = {
-            "curves": curves,
-            "mean_curve": mean,
-            "kv_bytes_per_token": kv_bytes(model),
-            "compute_per_pct": compute_fraction(model, source, spec.distill, 1.0),
-        }
+    for arm in ARMS:
+        done = all((d / "DONE").is_file() for d in seed_dirs(root, arm))
+        if done and (arm in ran or arm not in last.get("arms", {})):
+            arms[arm] = measured_arm(root, arm, scale, source, command)
+        elif arm in last.get("arms", {}):
+            arms[arm] = {"seconds": float("nan"), "command": EARLIER} | last["arms"][arm]
+    if "A" not in arms:
+        sys.exit("arm A (the MHA control) has not run: add it to --arms")
     src_ppl = arms["A"]["curves"][0][0][1]  # the source itself, on the same eval blocks
     for arm, info in arms.items():
         start = ARMS[arm].gradual * 15  # % of T where the ramp ends
         info["step0"] = info["mean_curve"][0][1]
         info["reach"] = first_reach(info["mean_curve"], src_ppl, start)
         info["reach_per_seed"] = [first_reach(c, src_ppl, start) for c in info["curves"]]
-        info["at"] = {
-            str(p): {
-                "mean": ppl_at(info["mean_curve"], p),
-                "min": min(ppl_at(c, p) for c in info["curves"]),
-                "max": max(ppl_at(c, p) for c in info["curves"]),
-            }
-            for p in POINTS
-        }
+        info["at"] = {str(p): ppl_stats(info["curves"], info["mean_curve"], p) for p in POINTS}
     return {"source_ppl": src_ppl, "arms": arms}
 
 
-def best_skipv1_arm(s: dict) -> str:
-    return min(SKIPV1_ARMS, key=lambda a: s["arms"][a]["at"]["15"]["mean"])
+def best_skipv1_arm(s: dict, at: str = "15") -> str:
+    """The SkipV1 arm lowest at `at`% of T, among those that trained that far."""
+    present = [a for a in SKIPV1_ARMS if s["arms"].get(a, {}).get("at", {}).get(at)]
+    return min(present, key=lambda a: s["arms"][a]["at"][at]["mean"])
+
+
+def earliest_skipv1_arm(s: dict) -> str:
+    """The SkipV1 arm that reaches the source first (then: the lowest at 2.5% of T)."""
+    present = [a for a in SKIPV1_ARMS if a in s["arms"]]
+    never = float("inf")
+    return min(
+        present,
+        key=lambda a: (
+            never if s["arms"][a]["reach"] is None else s["arms"][a]["reach"],
+            s["arms"][a]["at"]["2.5"]["mean"],
+        ),
+    )
 
 
 def goals(s: dict) -> list[str]:
-    best = best_skipv1_arm(s)
+    best = earliest_skipv1_arm(s)
     a, b, src = s["arms"]["A"], s["arms"][best], s["source_ppl"]
     reach = b["reach"]
     met = reach is not None and reach <= 2.5
@@ -426,9 +522,11 @@ def goals(s: dict) -> list[str]:
             + ", ".join("never" if r is None else f"{r:g}%" for r in b["reach_per_seed"])
             + ")."
             if reach is not None
-            else " (not reached within 15% of T)."
+            else f" (not reached within its {ARMS[best].budget_pct:g}% of T)."
         )
     ]
+    best = best_skipv1_arm(s)
+    b = s["arms"][best]
     b15, a15 = b["at"]["15"], a["at"]["15"]
     ok = b15["mean"] <= a15["mean"] and b15["max"] < a15["min"]
     lines.append(
@@ -452,8 +550,8 @@ def plot(s: dict, scale_name: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for arm, spec in ARMS.items():
-        info = s["arms"][arm]
+    for arm, info in s["arms"].items():
+        spec = ARMS[arm]
         pct, ppl = zip(*info["mean_curve"], strict=True)
         (line,) = ax.plot(pct, ppl, marker="o", markersize=2.5, label=f"({arm}) {spec.label}")
         if len(info["curves"]) > 1:
@@ -474,7 +572,9 @@ def plot(s: dict, scale_name: str, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def _cell(at: dict) -> str:
+def _cell(at: dict | None) -> str:
+    if at is None:
+        return "-"
     if at["min"] == at["max"]:
         return f"{at['mean']:.3f}"
     return f"{at['mean']:.3f} [{at['min']:.3f}, {at['max']:.3f}]"
@@ -482,12 +582,12 @@ def _cell(at: dict) -> str:
 
 def paired_rows(s: dict) -> list[str]:
     """Seed 0 of (D), (E) and the one-change arms at each reported point."""
-    arms = [a for a in ("D", "E", "H", "I", "K", "J") if a in s["arms"]]
+    arms = [a for a in PAIRED if a in s["arms"]]
     rows = ["| arm | " + " | ".join(f"{p:g}% of T" for p in POINTS) + " |"]
     rows.append("|---" * (len(POINTS) + 1) + "|")
     for arm in arms:
         curve = s["arms"][arm]["curves"][0]
-        cells = " | ".join(f"{ppl_at(curve, p):.3f}" for p in POINTS)
+        cells = " | ".join(_cell(ppl_stats([curve], curve, p)) for p in POINTS)
         rows.append(f"| ({arm}) {ARMS[arm].label} | {cells} |")
     return rows
 
@@ -501,32 +601,40 @@ def write_report(s: dict, args, scale: Scale, work: Path, out: Path, command: st
     pre_curve = eval_curve(work / "source" / "run", scale)
     fmt = lambda v: "not reached" if v is None else f"{v:g}%"  # noqa: E731
     rows = [
-        "| arm | seeds | KV bytes/token (bf16) | compute of 15% of T | ppl step 0 | reaches source "
-        "ppl at (% of T, mean) | "
+        "| arm | seeds | KV bytes/token (bf16) | conversion compute (est.) | training compute "
+        "| ppl step 0 | reaches source ppl at (% of T, mean) | "
         + " | ".join(f"ppl {p:g}%" for p in POINTS)
         + " | 15%: gap to (A) |",
-        "|---" * (7 + len(POINTS)) + "|",
+        "|---" * (8 + len(POINTS)) + "|",
     ]
-    root = arms_root(work, args)
     a15 = s["arms"]["A"]["at"]["15"]["mean"]
-    for arm, spec in ARMS.items():
-        a = s["arms"][arm]
+    for arm, a in s["arms"].items():
+        spec = ARMS[arm]
+        mark = " *" if a["command"] != command else ""
         rows.append(
-            f"| ({arm}) {spec.label} | {spec.seeds} | {a['kv_bytes_per_token']:,} | "
-            f"{a['compute_per_pct'] * 15 * 100:.1f}% | {a['step0']:.3f} | {fmt(a['reach'])} | "
+            f"| ({arm}){mark} {spec.label} | {spec.seeds} | {a['kv_bytes_per_token']:,} | "
+            f"{conversion_compute(arm, scale) * 100:.2f}% | "
+            f"{a['compute_per_pct'] * spec.budget_pct * 100:.1f}% | {a['step0']:.3f} | "
+            f"{fmt(a['reach'])} | "
             + " | ".join(_cell(a["at"][str(p)]) for p in POINTS)
-            + f" | {a['at']['15']['mean'] - a15:+.3f} |"
+            + (f" | {a['at']['15']['mean'] - a15:+.3f} |" if a["at"]["15"] else " | - |")
         )
-    curve_head = "| % of T | " + " | ".join(f"({a})" for a in ARMS) + " |"
-    curve_rows = [curve_head, "|---" * (len(ARMS) + 1) + "|"]
-    for i, (pct, _) in enumerate(s["arms"]["A"]["mean_curve"]):
-        cells = [f"{s['arms'][a]['mean_curve'][i][1]:.3f}" for a in ARMS]
+    curve_head = "| % of T | " + " | ".join(f"({a})" for a in s["arms"]) + " |"
+    curve_rows = [curve_head, "|---" * (len(s["arms"]) + 1) + "|"]
+    by_pct = [dict(a["mean_curve"]) for a in s["arms"].values()]
+    for pct in sorted({p for curve in by_pct for p in curve}):
+        cells = [f"{c[pct]:.3f}" if pct in c else "-" for c in by_pct]
         curve_rows.append(f"| {pct:g} | " + " | ".join(cells) + " |")
     params = count_parameters(read_config(source))
     times = {"pretraining": seconds(work / "source" / "DONE")}
-    for arm in ARMS:
-        runs = [seconds(d / "DONE") for d in seed_dirs(root, arm)]
-        times[f"arm {arm}"] = sum(runs) / len(runs)
+    times |= {f"arm {arm}": a["seconds"] for arm, a in s["arms"].items()}
+    earlier = sorted({a["command"] for a in s["arms"].values()} - {command})
+    carried = "".join(f"\n- `{c}`" for c in earlier)
+    if carried:
+        carried = (
+            "\nArms marked * are carried from the report's earlier runs, from the same source "
+            f"(the command checks that its pretraining ends at the same perplexity):{carried}\n"
+        )
     label = {
         "small": "SMALL scale (not the issue's experiment)",
         "full": "FULL scale (5.8M parameters, 1.7 tokens per parameter)",
@@ -550,7 +658,7 @@ started under `nice`):
 ```bash
 {command}
 ```
-
+{carried}
 {SMALL_NOTE if args.scale != "converged" else ""}
 
 ## Settings
@@ -567,7 +675,7 @@ started under `nice`):
   steps x {scale.batch_tokens:,} tokens, sequences of {scale.seq_len}), AdamW peak lr
   {scale.pretrain_lr:g}, 5% warmup, cosine to 10%.
   Pretraining validation perplexity: {", ".join(f"{p:g}%: {v:.2f}" for p, v in pre_curve)}.
-- Arms: each continues from the source for 15% of T = {15 * scale.steps_per_pct} steps
+- Arms: each continues from the source for 15% of T = {15 * scale.steps_per_pct} steps, unless said below
   ({15 * scale.steps_per_pct * scale.batch_tokens:,} tokens), AdamW peak lr {scale.arm_lr:g}
   ({lr_note}), 10% warmup, cosine to 10%, weight decay 0.1, clip 1.0, fp32, one process
   (ZeRO-0). Seeds are data orders (`data.seed` 2, 3, ...): seed k of every arm sees the same
@@ -587,6 +695,17 @@ started under `nice`):
   re-warming (`optim.warmup_fraction: 0`: the arm starts at its peak lr); (K) twice the peak
   lr; (J) distillation alpha 0.9, temperature 2. Seed 0 of every arm sees the same batches, so
   the paired table below compares them with seed 0 of (D) and (E).
+- Conversion budget and schedule length: (L) is (E) from a `reconstruct` conversion on 8x the
+  calibration tokens (262,144) with 300 attention-distillation steps instead of 30 (the best
+  of the budgets `bench/post_conversion.py` compared on this source:
+  `post_conversion_converged.table.md`). (M), (O) and (N) train for 2.5% of T only, so that their
+  lr schedule (10% warmup, cosine to 10%) has ended where the first goal measures, instead of
+  being near its peak there: (M) from L's checkpoint, (O) from D's (that is, (E) shortened),
+  (N) the MHA control shortened. Their columns past 2.5% are empty.
+- Conversion compute: an estimate of the conversion's FLOPs as a share of the source's
+  pretraining FLOPs (`conversion_compute`: 2 x params per calibration token and stream, two
+  streams for `reconstruct`, plus 8 x params per token of its attention distillation, 4
+  sequences per step); it is not in the "reaches" column, which counts training tokens only.
 - Compute column: training FLOPs of the arm's 15% of T (6 x its parameters x tokens, plus
   2 x the teacher's parameters x tokens with distillation) as a share of the source's
   pretraining FLOPs. KV bytes/token: the formula of docs/design.md at 2 bytes per value.
@@ -637,7 +756,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", choices=SCALES, default="converged")
     p.add_argument(
-        "--arms", nargs="+", choices=ARMS, help="run only these arms (no report); default: all"
+        "--arms",
+        nargs="+",
+        choices=ARMS,
+        help="run only these arms; the report carries the others from its last version "
+        "(same scale and source); default: all",
     )
     p.add_argument("--corpus-dir", default=str(Path("..") / "shared" / "data" / "corpus"))
     p.add_argument("--work-dir", default=None, help="default: runs/recovery-SCALE")
@@ -699,14 +822,16 @@ def main() -> None:
                 uptrain(config, out)
 
             stage(out / "DONE", f"arm {arm} seed {k}: {spec.label}", run_arm)
-    if only != set(ARMS):
-        return
-    s = summarize(arms_root(work, args), scale, source)
     results = Path(args.out)
+    last_path = results / f"{report_stem(args)}.json"
+    last = json.loads(last_path.read_text()) if last_path.is_file() else {}
+    if last.get("scale") != asdict(scale):
+        last = {}  # arms of another scale or schedule are not comparable: carry none
+    command = (".venv/bin/python bench/recovery.py " + shlex.join(sys.argv[1:])).strip()
+    s = summarize(arms_root(work, args), scale, source, last, command, only)
     results.mkdir(parents=True, exist_ok=True)
     plot(s, args.scale, results / f"{report_stem(args)}.png")
-    command = ".venv/bin/python bench/recovery.py " + shlex.join(sys.argv[1:])
-    write_report(s, args, scale, work, results, command.strip())
+    write_report(s, args, scale, work, results, command)
     print(f"wrote {results / report_stem(args)}.md")
 
 
