@@ -365,7 +365,7 @@ few tenths of a point are within noise. `--scale converged` runs the issue's con
 report is `recovery.md`."""
 POINTS = (2.5, 5, 10, 15)  # % of T reported in the table
 EARLIER = "an earlier run (its command was not recorded)"
-PAIRED = ("D", "E", "H", "I", "K", "J")  # seed 0 of these, side by side
+PAIRED = ("D", "E", "H", "I", "K", "J", "L")  # seed 0 of these, side by side
 
 
 def eval_curve_tokens(run_dir: Path) -> list[tuple[int, float]]:
@@ -535,6 +535,14 @@ def goals(s: dict) -> list[str]:
         f"[{b15['min']:.3f}, {b15['max']:.3f}] vs (A) {a15['mean']:.3f} "
         f"[{a15['min']:.3f}, {a15['max']:.3f}])."
     )
+    early = best_skipv1_arm(s, "2.5")
+    e, n = s["arms"][early]["at"]["2.5"], s["arms"].get("N", a)["at"]["2.5"]
+    lines.append(
+        f"- At 2.5% of T the lowest SkipV1 arm is ({early}) {ARMS[early].label} "
+        f"({ARMS[early].seeds} seed{'s' if ARMS[early].seeds > 1 else ''}): {_cell(e)} "
+        f"({100 * (e['mean'] / src - 1):+.1f}% vs the source; the MHA control "
+        f"{'trained for 2.5% of T, (N)' if 'N' in s['arms'] else '(A)'}: {_cell(n)})."
+    )
     low = min(a["mean_curve"], key=lambda p: p[1])
     lines.append(
         f"- Context: the MHA control (A) itself is at {a15['mean']:.3f} after 15% of T "
@@ -544,30 +552,37 @@ def goals(s: dict) -> list[str]:
 
 
 def plot(s: dict, scale_name: str, path: Path) -> None:
+    """All arms on a log scale (left) and the same curves near the source (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for arm, info in s["arms"].items():
-        spec = ARMS[arm]
-        pct, ppl = zip(*info["mean_curve"], strict=True)
-        (line,) = ax.plot(pct, ppl, marker="o", markersize=2.5, label=f"({arm}) {spec.label}")
-        if len(info["curves"]) > 1:
-            lows = [min(c[i][1] for c in info["curves"]) for i in range(len(pct))]
-            highs = [max(c[i][1] for c in info["curves"]) for i in range(len(pct))]
-            ax.fill_between(pct, lows, highs, color=line.get_color(), alpha=0.2)
-    ax.axhline(s["source_ppl"], color="black", linestyle="--", linewidth=1, label="source")
-    ax.set_xlabel("continued training, % of the source's pretraining tokens T")
-    ax.set_ylabel("validation perplexity (mean of seeds; band: min-max)")
-    ax.set_yscale("log")
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
+    colors = matplotlib.colormaps["tab20"].colors
+    src = s["source_ppl"]
+    for ax in axes:
+        for i, (arm, info) in enumerate(s["arms"].items()):
+            pct, ppl = zip(*info["mean_curve"], strict=True)
+            style = "--" if ARMS[arm].budget_pct < 15 else "-"
+            label = f"({arm}) {ARMS[arm].label}"
+            ax.plot(pct, ppl, style, marker="o", markersize=2.5, color=colors[i % 20], label=label)
+            if len(info["curves"]) > 1:
+                lows = [min(c[j][1] for c in info["curves"]) for j in range(len(pct))]
+                highs = [max(c[j][1] for c in info["curves"]) for j in range(len(pct))]
+                ax.fill_between(pct, lows, highs, color=colors[i % 20], alpha=0.2)
+        ax.axhline(src, color="black", linestyle=":", linewidth=1, label="source")
+        ax.set_xlabel("continued training, % of the source's pretraining tokens T")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_yscale("log")
     plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
-    ax.set_title(f"Recovery after conversion ({scale_name} scale, CPU)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    axes[0].yaxis.set_major_formatter(plain)
+    axes[0].yaxis.set_minor_formatter(plain)
+    axes[0].set_ylabel("validation perplexity (mean of seeds; band: min-max)")
+    axes[0].set_title(f"Recovery after conversion ({scale_name} scale, CPU)")
+    axes[1].set_ylim(src * 0.96, src * 1.1)
+    axes[1].set_title("near the source (dashed: 2.5%-of-T schedules)")
+    axes[0].legend(fontsize=6.5, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
