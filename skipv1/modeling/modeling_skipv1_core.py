@@ -247,7 +247,7 @@ class TPValueHeads(TensorParallelLayer):
     rank (`replicate`), and the module keeps the own heads of [a, b) before caching them; layer
     0 keeps [a, b), so its local tensor holds exactly the rank's borrowed heads after them."""
 
-    def install_forward(self, module, mesh):
+    def install_forward(self, module, mesh, **_):  # transformers 5.25 adds config=, mesh_manager=
         module.tp_rank, module.tp_size = mesh.get_local_rank(), mesh.size()
         return module
 
