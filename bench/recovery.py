@@ -341,6 +341,19 @@ def arm_model(arm: str, source: Path, data: Path, scale: Scale, out: Path) -> Pa
     return model
 
 
+def pretrain_skipv1(init: Path, data: Path, scale: Scale, out: Path) -> None:
+    """The SkipV1 architecture pretrained from the source's random init (`--init keep` of it:
+    later layers' own value heads keep their random rows) with the source's recipe, batches and
+    tokens: the level the architecture itself reaches at this size, which no uptraining of a
+    converted source can be expected to beat."""
+    model = out / "model"
+    if not (model / "config.json").is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        cmd = [*skipv1_cmd(), "convert", str(init), str(model), "--init", "keep", "--quiet"]
+        run_logged(cmd + ["--skip-heads", str(scale.heads // 2)], out / "log.txt")
+    uptrain(recipe(scale, model, data, pretrain=True, teacher=None), out)
+
+
 def stage(marker: Path, what: str, fn) -> None:
     """Runs `fn` unless `marker` says it finished; records its wall time."""
     if marker.is_file():
@@ -488,6 +501,19 @@ def summarize(root: Path, scale: Scale, source: Path, last: dict, command: str, 
     return {"source_ppl": src_ppl, "arms": arms}
 
 
+def scratch_curve(work: Path, scale: Scale, last: dict, command: str, ran: bool) -> dict | None:
+    """The from-scratch SkipV1 pretraining: measured here when this command ran it (or the last
+    report lacks it), else carried; None when neither has it."""
+    done = (work / "scratch" / "DONE").is_file()
+    if done and (ran or not last.get("scratch")):
+        return {
+            "curve": eval_curve(work / "scratch" / "run", scale),
+            "seconds": seconds(work / "scratch" / "DONE"),
+            "command": command,
+        }
+    return last.get("scratch")
+
+
 def best_skipv1_arm(s: dict, at: str = "15") -> str:
     """The SkipV1 arm lowest at `at`% of T, among those that trained that far."""
     present = [a for a in SKIPV1_ARMS if s["arms"].get(a, {}).get("at", {}).get(at)]
@@ -605,6 +631,46 @@ def paired_rows(s: dict) -> list[str]:
         cells = " | ".join(_cell(ppl_stats([curve], curve, p)) for p in POINTS)
         rows.append(f"| ({arm}) {ARMS[arm].label} | {cells} |")
     return rows
+
+
+def scratch_section(s: dict, pre_curve: list, command: str) -> str:
+    """The from-scratch SkipV1 pretraining beside the source's, when there is one."""
+    sc = s.get("scratch")
+    if not sc:
+        return ""
+    mine = dict(sc["curve"])
+    points = [p for p, _ in pre_curve if p > 0 and p in mine]
+    head = "| % of T | " + " | ".join(f"{p:g}" for p in points) + " |"
+    rows = [head, "|---" * (len(points) + 1) + "|"]
+    rows.append(
+        "| source (MHA) | " + " | ".join(f"{dict(pre_curve)[p]:.3f}" for p in points) + " |"
+    )
+    rows.append("| SkipV1 from scratch | " + " | ".join(f"{mine[p]:.3f}" for p in points) + " |")
+    end, src = sc["curve"][-1][1], pre_curve[-1][1]
+    carried = "" if sc["command"] == command else f" Carried from `{sc['command']}`."
+    verdict = (
+        "It ends below the source: the converted arms' gap to the source and to the MHA control "
+        "is the conversion's (a start the uptraining has not left behind), not a limit of the "
+        "architecture."
+        if end < src
+        else "It ends above the source: that much of a converted arm's gap is the "
+        "architecture's, which no uptraining option removes."
+    )
+    return f"""
+## The architecture's own level
+
+The SkipV1 architecture (s = {s["skip_heads"]} of {s["kv_heads"]} KV heads in every later
+layer) pretrained from the source's random init (`--init keep` of it) with the source's
+recipe, batches and T tokens (`--skipv1-from-scratch`; one run, in the source's data order;
+{sc["seconds"]:.0f} s).{carried}
+Validation perplexity on the same blocks:
+
+{chr(10).join(rows)}
+
+At T the SkipV1 architecture ends at **{end:.3f}**, {100 * (end / src - 1):+.1f}% against the
+source's {src:.3f} after the same tokens: what the architecture itself reaches at this size.
+{verdict}
+"""
 
 
 def write_report(s: dict, args, scale: Scale, work: Path, out: Path, command: str) -> None:
@@ -739,7 +805,7 @@ Source validation perplexity: **{s["source_ppl"]:.3f}**. Cells: mean of the seed
 ## Uptraining options, paired on seed 0 (validation perplexity)
 
 {chr(10).join(paired_rows(s))}
-
+{scratch_section(s, pre_curve, command)}
 ## Goals (issue 12)
 
 {chr(10).join(goals(s))}
@@ -788,6 +854,12 @@ def main() -> None:
         "default: the scale's, 1.5x the end of pretraining",
     )
     p.add_argument(
+        "--skipv1-from-scratch",
+        action="store_true",
+        help="also pretrain the SkipV1 architecture from the same random init for T tokens "
+        "(as long as the source's pretraining): the architecture's own level",
+    )
+    p.add_argument(
         "--source-only",
         action="store_true",
         help="stop after pretraining the source (e.g. for bench/post_conversion.py --source)",
@@ -815,6 +887,12 @@ def main() -> None:
     if args.source_only:
         print(f"source: {source}")
         return
+    if args.skipv1_from_scratch:
+        stage(
+            work / "scratch" / "DONE",
+            f"pretrain SkipV1 from scratch for {scale.pretrain_tokens:,} tokens",
+            lambda: pretrain_skipv1(init, data, scale, work / "scratch"),
+        )
     root = arms_root(work, args)
     only = set(args.arms or ARMS)
     for arm, spec in ARMS.items():
@@ -844,6 +922,8 @@ def main() -> None:
         last = {}  # arms of another scale or schedule are not comparable: carry none
     command = (".venv/bin/python bench/recovery.py " + shlex.join(sys.argv[1:])).strip()
     s = summarize(arms_root(work, args), scale, source, last, command, only)
+    s["scratch"] = scratch_curve(work, scale, last, command, args.skipv1_from_scratch)
+    s["skip_heads"], s["kv_heads"] = scale.heads // 2, scale.heads
     results.mkdir(parents=True, exist_ok=True)
     plot(s, args.scale, results / f"{report_stem(args)}.png")
     write_report(s, args, scale, work, results, command)
