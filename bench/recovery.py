@@ -756,8 +756,8 @@ started under `nice`):
   steps x {scale.batch_tokens:,} tokens, sequences of {scale.seq_len}), AdamW peak lr
   {scale.pretrain_lr:g}, 5% warmup, cosine to 10%.
   Pretraining validation perplexity: {", ".join(f"{p:g}%: {v:.2f}" for p, v in pre_curve)}.
-- Arms: each continues from the source for 15% of T = {15 * scale.steps_per_pct} steps, unless said below
-  ({15 * scale.steps_per_pct * scale.batch_tokens:,} tokens), AdamW peak lr {scale.arm_lr:g}
+- Arms: each continues from the source for 15% of T = {15 * scale.steps_per_pct} steps
+  ({15 * scale.steps_per_pct * scale.batch_tokens:,} tokens; (M), (O), (N): 2.5%, below), AdamW peak lr {scale.arm_lr:g}
   ({lr_note}), 10% warmup, cosine to 10%, weight decay 0.1, clip 1.0, fp32, one process
   (ZeRO-0). Seeds are data orders (`data.seed` 2, 3, ...): seed k of every arm sees the same
   batches. Validation perplexity every 1% of T on the first {scale.eval_blocks} validation
@@ -787,7 +787,7 @@ started under `nice`):
   pretraining FLOPs (`conversion_compute`: 2 x params per calibration token and stream, two
   streams for `reconstruct`, plus 8 x params per token of its attention distillation, 4
   sequences per step); it is not in the "reaches" column, which counts training tokens only.
-- Compute column: training FLOPs of the arm's 15% of T (6 x its parameters x tokens, plus
+- Training compute column: FLOPs of the arm's training (15% of T, or 2.5%) (6 x its parameters x tokens, plus
   2 x the teacher's parameters x tokens with distillation) as a share of the source's
   pretraining FLOPs. KV bytes/token: the formula of docs/design.md at 2 bytes per value.
 - Wall time (s, mean per seed), on 2 CPU cores shared with other work:
