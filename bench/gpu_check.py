@@ -123,10 +123,10 @@ def capacity(args) -> dict:
     from skipv1.modeling.layout import kv_layout
 
     per_block = 16 * kv_layout(source).bytes_per_token(2)  # a source block of 16 tokens, bf16
-    blocks = int(args.kv_budget_gib * 2**30 // per_block)
+    budget = int(args.kv_budget_gib * 2**30 // per_block) * per_block
     seqs = {}
     for name, config in (("source", source), ("skipv1", skip)):
-        (allocator,) = cache_for(config, blocks).cache_allocators.values()
+        (allocator,) = cache_for(config, budget).cache_allocators.values()
         seqs[name] = allocator.num_blocks * allocator.tokens_per_page // 8192
     return seqs
 

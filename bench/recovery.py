@@ -120,6 +120,13 @@ ARMS |= {
         "MHA continued for 2.5% of T (the control of M and O)", None, budget_pct=2.5, seeds=SEEDS
     ),
 }
+# the learning rate, the one option that moved the end point (K): higher, with distillation,
+# and the control at K's lr (is the control's gain the lr's too?)
+ARMS |= {
+    "P": Arm("D at four times the peak lr", "reconstruct", lr_scale=4.0, model_from="D"),
+    "Q": Arm("E at twice the peak lr", "reconstruct", distill=True, lr_scale=2.0, model_from="D"),
+    "R": Arm("MHA continued at twice the peak lr (control of K)", None, lr_scale=2.0),
+}
 SKIPV1_ARMS = [a for a, spec in ARMS.items() if spec.init not in (None, "gqa")]
 
 

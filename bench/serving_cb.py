@@ -4,7 +4,7 @@ against its source, side by side in one run:
     .venv/bin/python bench/serving_cb.py            # ~15 minutes on 2 CPU cores
 
 1. Capacity: transformers' paged cache built for each model with the same KV memory budget
-   (`num_blocks` blocks of the source's size); the tokens it holds, for SmolLM2-135M (s = 1) and
+   (the bytes of `num_blocks` blocks of the source's size, `skipv1.paged_budget`); the tokens it holds, for SmolLM2-135M (s = 1) and
    a 32-layer MHA shape (s = n_kv / 2), against the inverse of the KV formula ratio.
 2. Throughput of a fixed workload (`--requests` requests of `--prompt` + `--new` tokens, greedy,
    no early stop) through `generate_batch` with a KV budget that holds `--budget-seqs` of the
@@ -38,6 +38,7 @@ from transformers.generation.continuous_batching.distributed import DistributedH
 
 from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
 from skipv1.modeling.layout import kv_layout
+from skipv1.paged_budget import num_blocks_for_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kv_cache_bytes import SHAPE  # noqa: E402
@@ -62,9 +63,15 @@ def configs(shape: dict, skip: int):
     return LlamaConfig(**shape), SkipV1LlamaConfig(**shape, skip_v_heads=skip)
 
 
-def cache_for(config, num_blocks: int, max_batch_tokens: int = 256) -> PagedAttentionCache:
+def source_bytes(blocks: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """The memory of `blocks` of the source's paged blocks (PAGE tokens of every layer)."""
+    source, _ = configs(SMOLLM2, 1)
+    return blocks * PAGE * kv_layout(source).with_skip(0).bytes_per_token(dtype.itemsize)
+
+
+def cache_for(config, kv_bytes: int, max_batch_tokens: int = 256) -> PagedAttentionCache:
     cb = ContinuousBatchingConfig(
-        num_blocks=num_blocks,
+        num_blocks=num_blocks_for_bytes(config, kv_bytes, PAGE, torch.bfloat16),
         page_size=PAGE,
         max_batch_tokens=max_batch_tokens,
         max_memory_percent=0.9,
@@ -77,7 +84,8 @@ def capacity(shape: dict, skip: int, num_blocks: int) -> dict:
     source, skipv1 = configs(shape, skip)
     tokens = {}
     for name, config in (("source", source), ("skipv1", skipv1)):
-        (allocator,) = cache_for(config, num_blocks).cache_allocators.values()
+        budget = num_blocks * PAGE * kv_layout(source).bytes_per_token(2)
+        (allocator,) = cache_for(config, budget).cache_allocators.values()
         tokens[name] = allocator.num_blocks * allocator.tokens_per_page
     layout = kv_layout(skipv1)
     formula = layout.with_skip(0).bytes_per_token(2) / layout.bytes_per_token(2)
@@ -102,9 +110,12 @@ def smollm2_models(dtype: torch.dtype):
 
 
 def workload_seconds(model, args) -> float:
+    dtype = getattr(torch, args.dtype)
     blocks = args.budget_seqs * -(-(args.prompt + args.new) // PAGE)  # the source's blocks
     cb = ContinuousBatchingConfig(
-        num_blocks=blocks, page_size=PAGE, max_batch_tokens=args.prompt * 2
+        num_blocks=num_blocks_for_bytes(model.config, source_bytes(blocks, dtype), PAGE, dtype),
+        page_size=PAGE,
+        max_batch_tokens=args.prompt * 2,
     )
     gen = GenerationConfig(
         max_new_tokens=args.new, do_sample=False, eos_token_id=-1, pad_token_id=0
@@ -152,7 +163,8 @@ def sequences_held(args) -> dict:
     blocks = args.budget_seqs * -(-(args.prompt + args.new) // PAGE)
     held = {}
     for name, config in zip(("source", "skipv1"), configs(SMOLLM2, 1), strict=True):
-        (allocator,) = cache_for(config, blocks, args.prompt * 2).cache_allocators.values()
+        budget = source_bytes(blocks)
+        (allocator,) = cache_for(config, budget, args.prompt * 2).cache_allocators.values()
         held[name] = allocator.num_blocks * allocator.tokens_per_page // (args.prompt + args.new)
     return held
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from factories import (
     SHAPES,
     build_tokenizer,
@@ -21,6 +22,7 @@ from factories import (
     small_skipv1_config,
     tiny_config,
 )
+from packaging.version import Version
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching import PagedAttentionCache
@@ -32,6 +34,7 @@ from transformers.generation.continuous_batching.distributed import DistributedH
 
 from skipv1.modeling.layout import kv_layout
 from skipv1.modeling.paged_cache_skipv1 import SkipV1CacheAllocator, SkipV1SlidingCacheAllocator
+from skipv1.paged_budget import num_blocks_for_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 NEW_TOKENS = 12
@@ -97,12 +100,14 @@ def paged_cache(config, num_blocks: int, page_size: int = 16) -> PagedAttentionC
 @pytest.mark.parametrize("heads,kv,s", [(8, 8, 4), (9, 3, 1), (8, 4, 2)])
 def test_paged_blocks_hold_exactly_the_skipv1_kv_bytes(heads, kv, s):
     config = small_skipv1_config(heads=heads, kv=kv, s=s, layers=4)
-    cache = paged_cache(config, num_blocks=64)
+    # the memory of 64 of the source's blocks, as num_blocks of the installed transformers
+    source_bytes = kv_layout(config).with_skip(0).bytes_per_token(4)
+    budget = 64 * 16 * source_bytes
+    cache = paged_cache(config, num_blocks_for_bytes(config, budget, 16, torch.float32))
     (allocator,) = cache.cache_allocators.values()
     assert isinstance(allocator, SkipV1CacheAllocator)
     assert allocator.bytes_per_block == 16 * kv_layout(config).bytes_per_token(4)
-    # the same bytes as 64 blocks of the source hold proportionally more tokens
-    source_bytes = kv_layout(config).with_skip(0).bytes_per_token(4)
+    # ... holds proportionally more tokens than the source's 64 blocks
     ratio = source_bytes / kv_layout(config).bytes_per_token(4)
     assert allocator.num_blocks == pytest.approx(64 * ratio, abs=2 + 64 * ratio * 0.02)
 
@@ -233,6 +238,12 @@ def test_transformers_serve_answers_a_chat_completion_with_continuous_batching(
     serve_one_chat_completion(converted_chat_model, tmp_path)
 
 
+# how the server says that a request ran with continuous batching: 5.24 logs "[Request
+# received] Model: ..., CB: True" for every request; 5.25 logs "Request ...: model ..., N prompt
+# tokens, continuous batching, ..." only with --enable-log-requests (an option 5.24 lacks)
+REQUEST_LINES_ON_REQUEST = Version(transformers.__version__).release >= (5, 25)
+
+
 def serve_one_chat_completion(model_dir: Path, tmp_path: Path) -> None:
     """`transformers serve MODEL_DIR --continuous-batching` (remote code) on loopback answers one
     chat completion of 6 tokens; the server is stopped in any case."""
@@ -241,6 +252,7 @@ def serve_one_chat_completion(model_dir: Path, tmp_path: Path) -> None:
     cmd = [str(serve), "serve", str(model_dir), "--trust-remote-code"]
     cmd += ["--continuous-batching", "--cb-num-blocks", "64", "--device", "cpu"]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--enable-log-requests"] if REQUEST_LINES_ON_REQUEST else []
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
@@ -263,4 +275,5 @@ def serve_one_chat_completion(model_dir: Path, tmp_path: Path) -> None:
             server.kill()
             server.wait()
         log.close()
-    assert "CB: True" in (tmp_path / "serve.log").read_text()
+    served = (tmp_path / "serve.log").read_text()
+    assert (", continuous batching," if REQUEST_LINES_ON_REQUEST else "CB: True") in served
