@@ -57,6 +57,7 @@ class Arm:
     calib_tokens: int | None = None  # `convert --calib-tokens`; None: the scale's
     calib_distill_steps: int | None = None  # `convert --calib-distill-steps`; None: convert's
     budget_pct: float = 15.0  # training tokens, % of T; the lr schedule ends there
+    batch_scale: float = 1.0  # tokens per optimizer step as a multiple of the scale's (same tokens)
 
 
 ARMS = {
@@ -126,6 +127,45 @@ ARMS |= {
     "P": Arm("D at four times the peak lr", "reconstruct", lr_scale=4.0, model_from="D"),
     "Q": Arm("E at twice the peak lr", "reconstruct", distill=True, lr_scale=2.0, model_from="D"),
     "R": Arm("MHA continued at twice the peak lr (control of K)", None, lr_scale=2.0),
+    # the same tokens in twice the optimizer steps
+    "S": Arm(
+        "D at half the batch (4,096 tokens, 600 steps)",
+        "reconstruct",
+        batch_scale=0.5,
+        model_from="D",
+    ),
+    "U": Arm("MHA continued at half the batch (control of S)", None, batch_scale=0.5),
+    # the two that helped (Q, S) together
+    "V": Arm(
+        "Q at half the batch",
+        "reconstruct",
+        distill=True,
+        lr_scale=2.0,
+        batch_scale=0.5,
+        model_from="D",
+        seeds=SEEDS,
+    ),
+    "X": Arm(
+        "Q at a quarter of the batch (2,048 tokens, 1,200 steps)",
+        "reconstruct",
+        distill=True,
+        lr_scale=2.0,
+        batch_scale=0.25,
+        model_from="D",
+    ),
+    "Y": Arm(
+        "V trained for 2.5% of T (its schedule ends there)",
+        "reconstruct",
+        distill=True,
+        lr_scale=2.0,
+        batch_scale=0.5,
+        budget_pct=2.5,
+        model_from="D",
+        seeds=SEEDS,
+    ),
+    "Z": Arm(
+        "MHA continued with V's lr and batch (control of V)", None, lr_scale=2.0, batch_scale=0.5
+    ),
 }
 SKIPV1_ARMS = [a for a, spec in ARMS.items() if spec.init not in (None, "gqa")]
 
@@ -255,8 +295,10 @@ def recipe(
     their `Arm` options and their seed (the data order)."""
     arm = arm or Arm("pretraining", None)
     t = scale.pretrain_tokens
-    steps = 100 * scale.steps_per_pct if pretrain else round(arm.budget_pct * scale.steps_per_pct)
-    blocks = scale.batch_tokens // scale.seq_len
+    batch_tokens = round(scale.batch_tokens * arm.batch_scale)
+    steps_per_pct = round(scale.steps_per_pct / arm.batch_scale)
+    steps = 100 * steps_per_pct if pretrain else round(arm.budget_pct * steps_per_pct)
+    blocks = batch_tokens // scale.seq_len
     return {
         "model": {"path": str(model), "dtype": "float32", "gradual_fraction": arm.gradual},
         "data": {
@@ -266,9 +308,9 @@ def recipe(
             # the arms see data in orders pretraining did not
             "seed": 1 if pretrain else 2 + seed,
         },
-        "budget": {"tokens": steps * scale.batch_tokens, "pretraining_tokens": t},
+        "budget": {"tokens": steps * batch_tokens, "pretraining_tokens": t},
         "batch": {
-            "global_batch_tokens": scale.batch_tokens,
+            "global_batch_tokens": batch_tokens,
             "micro_batch_size": min(blocks, max(16, 4096 // scale.seq_len)),
         },
         "optim": {
@@ -279,7 +321,7 @@ def recipe(
         },
         "deepspeed": {"zero_stage": 0},
         "eval": {
-            "every": 10 * scale.steps_per_pct if pretrain else scale.steps_per_pct,
+            "every": 10 * steps_per_pct if pretrain else steps_per_pct,
             "blocks": scale.eval_blocks,
         },
         "checkpoint": {"every": 0, "keep_last": 1},
@@ -384,7 +426,7 @@ few tenths of a point are within noise. `--scale converged` runs the issue's con
 report is `recovery.md`."""
 POINTS = (2.5, 5, 10, 15)  # % of T reported in the table
 EARLIER = "an earlier run (its command was not recorded)"
-PAIRED = ("D", "E", "H", "I", "K", "J", "L")  # seed 0 of these, side by side
+PAIRED = ("D", "E", "H", "I", "K", "J", "L", "P", "Q", "S", "V", "X")  # seed 0 of these, side by side
 
 
 def eval_curve_tokens(run_dir: Path) -> list[tuple[int, float]]:
@@ -544,6 +586,11 @@ def earliest_skipv1_arm(s: dict) -> str:
     )
 
 
+def _seeds(arm: str) -> str:
+    n = ARMS[arm].seeds
+    return f"{n} seed{'s' if n > 1 else ''}"
+
+
 def goals(s: dict) -> list[str]:
     best = earliest_skipv1_arm(s)
     a, b, src = s["arms"]["A"], s["arms"][best], s["source_ppl"]
@@ -568,15 +615,15 @@ def goals(s: dict) -> list[str]:
     ok = b15["mean"] <= a15["mean"] and b15["max"] < a15["min"]
     lines.append(
         f"- At 15% of T, ({best}) is at or below the MHA control (A), mean of seeds and outside "
-        f"the spread: {'**met**' if ok else '**not met**'} (({best}) {b15['mean']:.3f} "
-        f"[{b15['min']:.3f}, {b15['max']:.3f}] vs (A) {a15['mean']:.3f} "
+        f"the spread: {'**met**' if ok else '**not met**'} (({best}), {_seeds(best)}: "
+        f"{b15['mean']:.3f} [{b15['min']:.3f}, {b15['max']:.3f}] vs (A) {a15['mean']:.3f} "
         f"[{a15['min']:.3f}, {a15['max']:.3f}])."
     )
     early = best_skipv1_arm(s, "2.5")
     e, n = s["arms"][early]["at"]["2.5"], s["arms"].get("N", a)["at"]["2.5"]
     lines.append(
         f"- At 2.5% of T the lowest SkipV1 arm is ({early}) {ARMS[early].label} "
-        f"({ARMS[early].seeds} seed{'s' if ARMS[early].seeds > 1 else ''}): {_cell(e)} "
+        f"({_seeds(early)}): {_cell(e)} "
         f"({100 * (e['mean'] / src - 1):+.1f}% vs the source; the MHA control "
         f"{'trained for 2.5% of T, (N)' if 'N' in s['arms'] else '(A)'}: {_cell(n)})."
     )
@@ -795,6 +842,12 @@ started under `nice`):
   lr schedule (10% warmup, cosine to 10%) has ended where the first goal measures, instead of
   being near its peak there: (M) from L's checkpoint, (O) from D's (that is, (E) shortened),
   (N) the MHA control shortened. Their columns past 2.5% are empty.
+- Learning rate and batch (the settings that moved the end point, one seed each, then 3 seeds
+  for the best): (P) 4x the peak lr; (Q) (E) at 2x; (S) half the tokens per optimizer step
+  (4,096, so twice the steps on the same tokens; the lr schedule and the evaluations follow the
+  tokens); (V) (Q) at half the batch, (X) at a quarter; (Y) (V) trained for 2.5% of T. (R), (U)
+  and (Z) are the MHA control at 2x lr, at half the batch, and with both (V's settings): the
+  control's own response to the same settings.
 - Conversion compute: an estimate of the conversion's FLOPs as a share of the source's
   pretraining FLOPs (`conversion_compute`: 2 x params per calibration token and stream, two
   streams for `reconstruct`, plus 8 x params per token of its attention distillation, 4
