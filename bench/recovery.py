@@ -166,6 +166,29 @@ ARMS |= {
     "Z": Arm(
         "MHA continued with V's lr and batch (control of V)", None, lr_scale=2.0, batch_scale=0.5
     ),
+    # J's stronger distillation (best at 2.5% of T on the long schedule) with V's lr and batch
+    "W": Arm(
+        "V with alpha 0.9, temperature 2",
+        "reconstruct",
+        distill=True,
+        alpha=0.9,
+        temperature=2.0,
+        lr_scale=2.0,
+        batch_scale=0.5,
+        model_from="D",
+    ),
+    "T": Arm(
+        "W trained for 2.5% of T (its schedule ends there)",
+        "reconstruct",
+        distill=True,
+        alpha=0.9,
+        temperature=2.0,
+        lr_scale=2.0,
+        batch_scale=0.5,
+        budget_pct=2.5,
+        model_from="D",
+        seeds=SEEDS,
+    ),
 }
 SKIPV1_ARMS = [a for a, spec in ARMS.items() if spec.init not in (None, "gqa")]
 
@@ -426,7 +449,21 @@ few tenths of a point are within noise. `--scale converged` runs the issue's con
 report is `recovery.md`."""
 POINTS = (2.5, 5, 10, 15)  # % of T reported in the table
 EARLIER = "an earlier run (its command was not recorded)"
-PAIRED = ("D", "E", "H", "I", "K", "J", "L", "P", "Q", "S", "V", "X")  # seed 0 of these, side by side
+PAIRED = (
+    "D",
+    "E",
+    "H",
+    "I",
+    "K",
+    "J",
+    "L",
+    "P",
+    "Q",
+    "S",
+    "V",
+    "X",
+    "W",
+)  # seed 0 of these, side by side
 
 
 def eval_curve_tokens(run_dir: Path) -> list[tuple[int, float]]:
@@ -845,7 +882,8 @@ started under `nice`):
 - Learning rate and batch (the settings that moved the end point, one seed each, then 3 seeds
   for the best): (P) 4x the peak lr; (Q) (E) at 2x; (S) half the tokens per optimizer step
   (4,096, so twice the steps on the same tokens; the lr schedule and the evaluations follow the
-  tokens); (V) (Q) at half the batch, (X) at a quarter; (Y) (V) trained for 2.5% of T. (R), (U)
+  tokens); (V) (Q) at half the batch, (X) at a quarter; (Y) (V) trained for 2.5% of T; (W) (V)
+  with (J)'s distillation (alpha 0.9, temperature 2), (T) that trained for 2.5% of T. (R), (U)
   and (Z) are the MHA control at 2x lr, at half the batch, and with both (V's settings): the
   control's own response to the same settings.
 - Conversion compute: an estimate of the conversion's FLOPs as a share of the source's
