@@ -50,6 +50,7 @@ class Arm:
     seeds: int = 1  # data orders (data.seed 2, 3, ...)
     alpha: float = 0.5  # distill.alpha
     temperature: float = 1.0  # distill.temperature
+    alpha_end: float | None = None  # distill.alpha_end (alpha moves linearly to it); None: constant
     warmup: float = 0.1  # optim.warmup_fraction (0: no lr re-warming)
     attention_first: float = 0.0  # optim.attention_first_fraction
     lr_scale: float = 1.0  # peak lr as a multiple of the scale's arm_lr
@@ -188,6 +189,27 @@ ARMS |= {
         budget_pct=2.5,
         model_from="D",
         seeds=SEEDS,
+    ),
+    # (T)'s strong pull to the teacher early, (V)'s weaker one (or none) late
+    "AA": Arm(
+        "V with alpha 0.9 -> 0.5 over the run",
+        "reconstruct",
+        distill=True,
+        alpha=0.9,
+        alpha_end=0.5,
+        lr_scale=2.0,
+        batch_scale=0.5,
+        model_from="D",
+    ),
+    "AB": Arm(
+        "V with alpha 0.9 -> 0 over the run",
+        "reconstruct",
+        distill=True,
+        alpha=0.9,
+        alpha_end=0.0,
+        lr_scale=2.0,
+        batch_scale=0.5,
+        model_from="D",
     ),
 }
 SKIPV1_ARMS = [a for a, spec in ARMS.items() if spec.init not in (None, "gqa")]
@@ -353,6 +375,7 @@ def recipe(
             "teacher": str(teacher) if teacher else None,
             "alpha": arm.alpha,
             "temperature": arm.temperature,
+            "alpha_end": arm.alpha_end,
         },
         "export": pretrain,
     }
@@ -883,7 +906,9 @@ started under `nice`):
   for the best): (P) 4x the peak lr; (Q) (E) at 2x; (S) half the tokens per optimizer step
   (4,096, so twice the steps on the same tokens; the lr schedule and the evaluations follow the
   tokens); (V) (Q) at half the batch, (X) at a quarter; (Y) (V) trained for 2.5% of T; (W) (V)
-  with (J)'s distillation (alpha 0.9, temperature 2), (T) that trained for 2.5% of T. (R), (U)
+  with (J)'s distillation (alpha 0.9, temperature 2), (T) that trained for 2.5% of T; (AA) and
+  (AB) (V) with the KL weight moving linearly from 0.9 to 0.5 and to 0 over the run
+  (`distill.alpha_end`). (R), (U)
   and (Z) are the MHA control at 2x lr, at half the batch, and with both (V's settings): the
   control's own response to the same settings.
 - Conversion compute: an estimate of the conversion's FLOPs as a share of the source's

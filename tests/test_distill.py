@@ -6,13 +6,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from factories import tiny_config
-from test_uptrain_deepspeed import finish, uptrain, workdir  # noqa: F401 (fixture)
+from factories import make_checkpoint, tiny_config
+from test_uptrain_deepspeed import STEPS, finish, uptrain, workdir  # noqa: F401 (fixture)
 from transformers import LlamaForCausalLM
 
 from skipv1.errors import SkipV1Error
-from skipv1.uptrain.distill import distillation_loss
+from skipv1.uptrain.distill import alpha_at, distillation_loss
 from skipv1.uptrain.engine import DistEnv
+from skipv1.uptrain.metrics import read_metrics
 from skipv1.uptrain.recipe import load_recipe
 from skipv1.uptrain.trainer import UptrainRecipe
 
@@ -105,3 +106,25 @@ def test_bad_distill_setting_exits_2_with_one_line(workdir, cli):  # noqa: F811
 
 # The real two-rank ZeRO-3 run with a teacher shares test_uptrain_deepspeed.py's ZeRO-3 run:
 # test_zero3_run_with_a_teacher_logs_distill_kl.
+
+
+def test_the_alpha_schedule_runs_from_alpha_to_alpha_end():
+    steps = [alpha_at(0.9, 0.1, k, 5) for k in range(5)]
+    assert steps[0] == 0.9 and steps[-1] == pytest.approx(0.1)
+    assert steps == sorted(steps, reverse=True)
+    assert steps[2] == pytest.approx(0.5)  # linear
+    assert alpha_at(0.9, None, 3, 5) == 0.9  # no schedule: constant
+
+
+@pytest.mark.slow  # a child process
+@pytest.mark.distributed
+def test_a_scheduled_run_trains_with_alpha_then_alpha_end(workdir, tokenizer_dir):  # noqa: F811
+    """A real one-rank run with a teacher and alpha 1 -> 0: metrics.jsonl records each step's
+    weight, 1 on the first step and 0 on the last, linear between."""
+    teacher = make_checkpoint(workdir / "alpha-teacher", tokenizer_dir=tokenizer_dir)
+    overrides = [f"distill.teacher={teacher}", "distill.alpha=1", "distill.alpha_end=0"]
+    finish(uptrain(workdir, "alpha-run", *overrides, "deepspeed.zero_stage=0", nproc=1))
+    records = [r for r in read_metrics(workdir / "alpha-run") if "loss" in r]
+    alphas = [r["distill_alpha"] for r in records]
+    assert alphas == pytest.approx([1 - k / (STEPS - 1) for k in range(STEPS)])
+    assert all(r["distill_kl"] > 0 for r in records)

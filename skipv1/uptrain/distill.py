@@ -19,6 +19,16 @@ import torch
 import torch.nn.functional as F
 
 
+def alpha_at(alpha: float, alpha_end: float | None, step: int, total_steps: int) -> float:
+    """The KL weight of optimizer step `step` (0-based): `alpha` on the first step, linearly to
+    `alpha_end` on the last (a strong pull to the teacher while the converted model is far from
+    it, the plain loss's freedom to pass it later). A function of the step alone, so a resumed
+    run continues the same schedule."""
+    if alpha_end is None or total_steps <= 1:
+        return alpha
+    return alpha + (alpha_end - alpha) * min(step, total_steps - 1) / (total_steps - 1)
+
+
 @dataclass(frozen=True)
 class DistillLoss:
     loss: torch.Tensor  # what backward() is called on

@@ -213,6 +213,8 @@ class DistillSection(Section):
     # frozen teacher checkpoint; `source`: the run's source model; null: no KL term
     teacher: str | None = None
     alpha: Float = Field(0.5, ge=0, le=1)  # loss = (1 - alpha) * CE + alpha * T^2 * KL(t || s)
+    # alpha moves linearly from `alpha` (first step) to this (last step); null: constant
+    alpha_end: Float | None = Field(None, ge=0, le=1)
     temperature: Float = Field(1.0, gt=0)  # T, applied to both logits
 
 

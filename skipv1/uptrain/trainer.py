@@ -24,7 +24,7 @@ from ..modeling.layout import count_parameters
 from ..units import torch_dtype
 from . import checkpointing
 from .data import load_blocks, make_train_batches, rank_micro_batches
-from .distill import distillation_loss
+from .distill import alpha_at, distillation_loss
 from .engine import (
     deepspeed_config,
     dist_env,
@@ -237,11 +237,18 @@ class UptrainRecipe:
         with torch.no_grad():
             teacher_logits = self.teacher(input_ids=ids, use_cache=False).logits
         student_logits = self.engine(input_ids=ids, use_cache=False).logits
-        d = self.recipe.distill
-        out = distillation_loss(student_logits, teacher_logits, ids, d.alpha, d.temperature)
+        out = distillation_loss(
+            student_logits, teacher_logits, ids, self._alpha(), self.recipe.distill.temperature
+        )
         del teacher_logits, student_logits
         self.engine.backward(out.loss)
         return out.loss.detach(), out.kl
+
+    def _alpha(self) -> float:
+        d = self.recipe.distill
+        if d.alpha_end is None:
+            return d.alpha
+        return alpha_at(d.alpha, d.alpha_end, max(self.step - 1, 0), self.total_steps)
 
     def _scheduler(self, optimizer):
         o = self.recipe.optim
@@ -368,6 +375,8 @@ class UptrainRecipe:
             }
             if kls:
                 record["distill_kl"] = _mean_over_ranks(torch.stack(kls).mean())
+                if r.distill.alpha_end is not None:
+                    record["distill_alpha"] = self._alpha()
             if self.gradual:
                 record["value_mix"] = self.gradual.mix_at(step - 1)
             if not finite and len(self.skipped_steps) < r.optim.skip_nonfinite:
