@@ -86,6 +86,7 @@ def test_gradient_flows_only_to_the_student(tmp_path):
     [
         ("distill.alpha=1.5", "`distill.alpha` is 1.5: it must be in [0, 1]"),
         ("distill.temperature=0", "`distill.temperature` is 0.0: it must be positive"),
+        ("distill.alpha_end=-1", "`distill.alpha_end` is -1: it must be in [0, 1]"),
         ("distill.teacher=/nonexistent/teacher", "`distill.teacher` /nonexistent/teacher is not"),
     ],
 )
