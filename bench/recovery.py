@@ -486,6 +486,8 @@ PAIRED = (
     "V",
     "X",
     "W",
+    "AA",
+    "AB",
 )  # seed 0 of these, side by side
 
 
