@@ -122,96 +122,40 @@ ARMS |= {
         "MHA continued for 2.5% of T (the control of M and O)", None, budget_pct=2.5, seeds=SEEDS
     ),
 }
+
+
+def _variant(base: str, label: str, seeds: int = 1, **changes) -> Arm:
+    """Another arm's settings with a few changed (from its converted checkpoint)."""
+    spec = ARMS[base]
+    return replace(spec, label=label, seeds=seeds, model_from=spec.model_from or base, **changes)
+
+
 # the learning rate, the one option that moved the end point (K): higher, with distillation,
 # and the control at K's lr (is the control's gain the lr's too?)
-ARMS |= {
-    "P": Arm("D at four times the peak lr", "reconstruct", lr_scale=4.0, model_from="D"),
-    "Q": Arm("E at twice the peak lr", "reconstruct", distill=True, lr_scale=2.0, model_from="D"),
-    "R": Arm("MHA continued at twice the peak lr (control of K)", None, lr_scale=2.0),
-    # the same tokens in twice the optimizer steps
-    "S": Arm(
-        "D at half the batch (4,096 tokens, 600 steps)",
-        "reconstruct",
-        batch_scale=0.5,
-        model_from="D",
-    ),
-    "U": Arm("MHA continued at half the batch (control of S)", None, batch_scale=0.5),
-    # the two that helped (Q, S) together
-    "V": Arm(
-        "Q at half the batch",
-        "reconstruct",
-        distill=True,
-        lr_scale=2.0,
-        batch_scale=0.5,
-        model_from="D",
-        seeds=SEEDS,
-    ),
-    "X": Arm(
-        "Q at a quarter of the batch (2,048 tokens, 1,200 steps)",
-        "reconstruct",
-        distill=True,
-        lr_scale=2.0,
-        batch_scale=0.25,
-        model_from="D",
-    ),
-    "Y": Arm(
-        "V trained for 2.5% of T (its schedule ends there)",
-        "reconstruct",
-        distill=True,
-        lr_scale=2.0,
-        batch_scale=0.5,
-        budget_pct=2.5,
-        model_from="D",
-        seeds=SEEDS,
-    ),
-    "Z": Arm(
-        "MHA continued with V's lr and batch (control of V)", None, lr_scale=2.0, batch_scale=0.5
-    ),
-    # J's stronger distillation (best at 2.5% of T on the long schedule) with V's lr and batch
-    "W": Arm(
-        "V with alpha 0.9, temperature 2",
-        "reconstruct",
-        distill=True,
-        alpha=0.9,
-        temperature=2.0,
-        lr_scale=2.0,
-        batch_scale=0.5,
-        model_from="D",
-    ),
-    "T": Arm(
-        "W trained for 2.5% of T (its schedule ends there)",
-        "reconstruct",
-        distill=True,
-        alpha=0.9,
-        temperature=2.0,
-        lr_scale=2.0,
-        batch_scale=0.5,
-        budget_pct=2.5,
-        model_from="D",
-        seeds=SEEDS,
-    ),
-    # (T)'s strong pull to the teacher early, (V)'s weaker one (or none) late
-    "AA": Arm(
-        "V with alpha 0.9 -> 0.5 over the run",
-        "reconstruct",
-        distill=True,
-        alpha=0.9,
-        alpha_end=0.5,
-        lr_scale=2.0,
-        batch_scale=0.5,
-        model_from="D",
-    ),
-    "AB": Arm(
-        "V with alpha 0.9 -> 0 over the run",
-        "reconstruct",
-        distill=True,
-        alpha=0.9,
-        alpha_end=0.0,
-        lr_scale=2.0,
-        batch_scale=0.5,
-        model_from="D",
-    ),
-}
+ARMS["P"] = _variant("K", "D at four times the peak lr", lr_scale=4.0)
+ARMS["Q"] = _variant("K", "E at twice the peak lr", distill=True)
+ARMS["R"] = Arm("MHA continued at twice the peak lr (control of K)", None, lr_scale=2.0)
+# the same tokens in twice the optimizer steps, and with Q's settings
+ARMS["S"] = _variant("D", "D at half the batch (4,096 tokens, 600 steps)", batch_scale=0.5)
+ARMS["U"] = Arm("MHA continued at half the batch (control of S)", None, batch_scale=0.5)
+ARMS["V"] = _variant("Q", "Q at half the batch", seeds=SEEDS, batch_scale=0.5)
+ARMS["X"] = _variant(
+    "Q", "Q at a quarter of the batch (2,048 tokens, 1,200 steps)", batch_scale=0.25
+)
+ARMS["Y"] = _variant(
+    "V", "V trained for 2.5% of T (its schedule ends there)", seeds=SEEDS, budget_pct=2.5
+)
+ARMS["Z"] = Arm(
+    "MHA continued with V's lr and batch (control of V)", None, lr_scale=2.0, batch_scale=0.5
+)
+# J's stronger distillation (best at 2.5% of T on the long schedule) with V's lr and batch
+ARMS["W"] = _variant("V", "V with alpha 0.9, temperature 2", alpha=0.9, temperature=2.0)
+ARMS["T"] = _variant(
+    "W", "W trained for 2.5% of T (its schedule ends there)", seeds=SEEDS, budget_pct=2.5
+)
+# (T)'s strong pull to the teacher early, (V)'s weaker one (or none) late
+ARMS["AA"] = _variant("V", "V with alpha 0.9 -> 0.5 over the run", alpha=0.9, alpha_end=0.5)
+ARMS["AB"] = _variant("V", "V with alpha 0.9 -> 0 over the run", alpha=0.9, alpha_end=0.0)
 SKIPV1_ARMS = [a for a, spec in ARMS.items() if spec.init not in (None, "gqa")]
 
 
