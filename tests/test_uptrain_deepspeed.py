@@ -138,7 +138,12 @@ def test_zero3_run_with_a_teacher_logs_distill_kl(workdir, zero3_run):
     assert all(math.isfinite(r["distill_kl"]) and r["distill_kl"] > 0 for r in records)
     assert "2 x teacher params x tokens" in (workdir / "zero3.stderr").read_text()
     saved = yaml.safe_load((zero3_run / "recipe.yaml").read_text())["distill"]
-    assert saved == {"teacher": str(workdir / "teacher"), "alpha": 0.5, "temperature": 1.0}
+    assert saved == {
+        "teacher": str(workdir / "teacher"),
+        "alpha": 0.5,
+        "alpha_end": None,
+        "temperature": 1.0,
+    }
 
 
 def test_resume_from_2_ranks_on_1_rank(workdir, zero2_run):
