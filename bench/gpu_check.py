@@ -120,9 +120,11 @@ def capacity(args) -> dict:
     from serving_cb import SMOLLM2, cache_for, configs
 
     source, skip = configs(SMOLLM2, SMOLLM2["num_key_value_heads"] // 2)
-    from skipv1.modeling.layout import kv_layout
+    import torch
 
-    per_block = 16 * kv_layout(source).bytes_per_token(2)  # a source block of 16 tokens, bf16
+    from skipv1.paged_budget import source_block_bytes
+
+    per_block = source_block_bytes(source, 16, torch.bfloat16)  # a source block of 16 tokens
     budget = int(args.kv_budget_gib * 2**30 // per_block) * per_block
     seqs = {}
     for name, config in (("source", source), ("skipv1", skip)):

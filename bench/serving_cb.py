@@ -38,7 +38,7 @@ from transformers.generation.continuous_batching.distributed import DistributedH
 
 from skipv1 import SkipV1LlamaConfig, SkipV1LlamaForCausalLM
 from skipv1.modeling.layout import kv_layout
-from skipv1.paged_budget import num_blocks_for_bytes
+from skipv1.paged_budget import num_blocks_for_bytes, source_block_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kv_cache_bytes import SHAPE  # noqa: E402
@@ -63,12 +63,6 @@ def configs(shape: dict, skip: int):
     return LlamaConfig(**shape), SkipV1LlamaConfig(**shape, skip_v_heads=skip)
 
 
-def source_bytes(blocks: int, dtype: torch.dtype = torch.bfloat16) -> int:
-    """The memory of `blocks` of the source's paged blocks (PAGE tokens of every layer)."""
-    source, _ = configs(SMOLLM2, 1)
-    return blocks * PAGE * kv_layout(source).with_skip(0).bytes_per_token(dtype.itemsize)
-
-
 def cache_for(config, kv_bytes: int, max_batch_tokens: int = 256) -> PagedAttentionCache:
     cb = ContinuousBatchingConfig(
         num_blocks=num_blocks_for_bytes(config, kv_bytes, PAGE, torch.bfloat16),
@@ -84,7 +78,7 @@ def capacity(shape: dict, skip: int, num_blocks: int) -> dict:
     source, skipv1 = configs(shape, skip)
     tokens = {}
     for name, config in (("source", source), ("skipv1", skipv1)):
-        budget = num_blocks * PAGE * kv_layout(source).bytes_per_token(2)
+        budget = num_blocks * source_block_bytes(source, PAGE, torch.bfloat16)
         (allocator,) = cache_for(config, budget).cache_allocators.values()
         tokens[name] = allocator.num_blocks * allocator.tokens_per_page
     layout = kv_layout(skipv1)
@@ -113,7 +107,9 @@ def workload_seconds(model, args) -> float:
     dtype = getattr(torch, args.dtype)
     blocks = args.budget_seqs * -(-(args.prompt + args.new) // PAGE)  # the source's blocks
     cb = ContinuousBatchingConfig(
-        num_blocks=num_blocks_for_bytes(model.config, source_bytes(blocks, dtype), PAGE, dtype),
+        num_blocks=num_blocks_for_bytes(
+            model.config, blocks * source_block_bytes(model.config, PAGE, dtype), PAGE, dtype
+        ),
         page_size=PAGE,
         max_batch_tokens=args.prompt * 2,
     )
@@ -163,7 +159,7 @@ def sequences_held(args) -> dict:
     blocks = args.budget_seqs * -(-(args.prompt + args.new) // PAGE)
     held = {}
     for name, config in zip(("source", "skipv1"), configs(SMOLLM2, 1), strict=True):
-        budget = source_bytes(blocks)
+        budget = blocks * source_block_bytes(config, PAGE, torch.bfloat16)
         (allocator,) = cache_for(config, budget, args.prompt * 2).cache_allocators.values()
         held[name] = allocator.num_blocks * allocator.tokens_per_page // (args.prompt + args.new)
     return held

@@ -25,12 +25,17 @@ def counts_own_blocks() -> bool:
     return Version(transformers.__version__).release >= OWN_BLOCKS_SINCE.release
 
 
+def source_block_bytes(config, page_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one block of the model's source: `page_size` tokens of every layer at n_kv key
+    and n_kv value heads (a side-by-side budget is a number of these)."""
+    return kv_layout(config).with_skip(0).bytes_per_token(dtype.itemsize) * page_size
+
+
 def block_bytes(config, page_size: int, dtype: torch.dtype) -> int:
     """Bytes that the installed transformers counts per `num_blocks` unit for this model."""
-    layout = kv_layout(config)
     if not counts_own_blocks():
-        layout = layout.with_skip(0)
-    return layout.bytes_per_token(dtype.itemsize) * page_size
+        return source_block_bytes(config, page_size, dtype)
+    return kv_layout(config).bytes_per_token(dtype.itemsize) * page_size
 
 
 def num_blocks_for_bytes(config, kv_bytes: int, page_size: int, dtype: torch.dtype) -> int:
