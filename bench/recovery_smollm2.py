@@ -35,9 +35,7 @@ LINES_PER_DOC = 50
 SEQ_LEN = 256
 BATCH_TOKENS = 2048  # 8 sequences of 256 per optimizer step
 PRETRAINING_TOKENS = 2_000_000_000_000  # SmolLM2-135M model card
-# conversion name: (`skipv1 convert --init`, calibration text: None for convert's default, the
-# CPython docs; "train" for the training text)
-# name: (init, calibration text: None = convert's default or "train", calibration tokens or
+# name: (init, calibration text: None = convert's default, "train" or "sampled", tokens or
 # None = convert's default, 32,768)
 CONVERSIONS = {
     "calibrated": ("calibrated", None, None),
@@ -46,6 +44,8 @@ CONVERSIONS = {
     "reconstruct_train_calib_4x": ("reconstruct", "train", 4 * 32768),
     # more than the training text holds (~212k tokens at the default budget): all of it
     "reconstruct_train_calib_all": ("reconstruct", "train", 8 * 32768),
+    # text sampled from the source itself (convert/sampled.py): no domain chosen
+    "reconstruct_sampled_calib_4x": ("reconstruct", "sampled", 4 * 32768),
 }
 # (label, conversion or None for the source itself, distillation from the source)
 ARMS = {
@@ -55,6 +55,11 @@ ARMS = {
     "E": ("D + distillation from the source (alpha 0.5, T 1)", "reconstruct", True),
     "F": ("E, converted with calibration on the training text", "reconstruct_train_calib", True),
     "G": ("F with 4x the calibration tokens (131,072)", "reconstruct_train_calib_4x", True),
+    "H": (
+        "G, calibrated on text sampled from the source (--calib-data sampled)",
+        "reconstruct_sampled_calib_4x",
+        True,
+    ),
 }
 GOAL_PCT = 2.0
 # the command of arms from before the report recorded one per arm
@@ -95,7 +100,7 @@ def convert(
     source: Path,
     init: str,
     dst: Path,
-    calib_data: Path | None = None,
+    calib_data: "Path | str | None" = None,
     calib_tokens: int | None = None,
 ) -> None:
     """`skipv1 convert`, calibrated on its default text and token count unless given."""
@@ -314,7 +319,7 @@ def main() -> None:
         label, conversion, distill = ARMS[arm]
         if conversion:
             init, calib, tokens = CONVERSIONS[conversion]
-            calib_data = data / "train.jsonl" if calib == "train" else None
+            calib_data = data / "train.jsonl" if calib == "train" else calib
             stage(
                 work / conversion / "DONE",
                 f"convert: {conversion}",

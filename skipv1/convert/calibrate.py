@@ -491,14 +491,17 @@ def calibrate_source(prepared, options, quiet: bool):
     from ..console import step_progress
     from ..textdata import iter_documents
     from .reader import iter_tensors
+    from .sampled import is_sampled, sampled_token_blocks
 
     plan = prepared.plan
-    ids = calibration_token_blocks(
-        _tokenizer(prepared.root, plan.init),
-        iter_documents(options.calib_data),
-        options.calib_tokens,
-        options.calib_seq_len,
-    )
+    tokenizer = _tokenizer(prepared.root, plan.init)
+    if not is_sampled(options.calib_data):  # text: tokenized before the progress bars start
+        ids = calibration_token_blocks(
+            tokenizer,
+            iter_documents(options.calib_data),
+            options.calib_tokens,
+            options.calib_seq_len,
+        )
 
     def load(names: list[str]) -> dict[str, torch.Tensor]:
         return dict(iter_tensors(prepared.weights, set(names)))
@@ -511,6 +514,16 @@ def calibrate_source(prepared, options, quiet: bool):
         face = FaceView(plan.source, prepared.out_config["model_type"])
         load, names, wrap = face.loader(load), face.names(names), face.wrap
     with step_progress(quiet) as progress:
+        if is_sampled(options.calib_data):
+            ids = sampled_token_blocks(
+                prepared.root,
+                tokenizer,
+                options.calib_tokens,
+                options.calib_seq_len,
+                trust_remote_code=options.trust_remote_code,
+                device=calibration_device(),
+                progress=progress,
+            )
         run = CalibrationRun(
             config or source_config(prepared.out_config),
             load,

@@ -46,7 +46,11 @@ def convert(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
     calib_data: Annotated[
-        str, typer.Option(help="reconstruct/calibrated inits: calibration text (a data spec).")
+        str,
+        typer.Option(
+            help="reconstruct/calibrated inits: calibration text (a data spec), or "
+            "`sampled`: text sampled from the source itself (no domain chosen)."
+        ),
     ] = D.calib_data,
     calib_tokens: Annotated[
         int, typer.Option(help="reconstruct/calibrated inits: calibration tokens.")

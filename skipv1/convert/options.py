@@ -22,7 +22,8 @@ class ConvertOptions:
     dtype: str = "auto"  # output dtype; auto: the source's
     shard_size: "str | int" = "5GB"  # largest output shard
     trust_remote_code: bool = False  # convert a source whose config names custom code
-    # calibrated inits: calibration text (a data spec), its tokens, tokens per sequence
+    # calibrated inits: calibration text (a data spec, or `sampled`: sampled from the source,
+    # convert/sampled.py), its tokens, tokens per sequence
     calib_data: Any = "embedded:train"
     calib_tokens: int = 32768
     calib_seq_len: int = 256
@@ -47,8 +48,10 @@ class ConvertOptions:
 
     def _check_calibration(self, name: Callable[[str], str]) -> None:
         from ..textdata import parse_data_spec
+        from .sampled import is_sampled
 
-        parse_data_spec(self.calib_data)
+        if not is_sampled(self.calib_data):
+            parse_data_spec(self.calib_data)
         for field in ("calib_tokens", "calib_seq_len"):
             value = getattr(self, field)
             if not _is_int(value) or value <= 0:
