@@ -65,7 +65,9 @@ def sampled_token_blocks(
                 top_p=1.0,
                 max_new_tokens=seq_len - 1,
                 min_new_tokens=seq_len - 1,
-                pad_token_id=tokenizer.eos_token_id if tokenizer.eos_token_id is not None else start,
+                pad_token_id=tokenizer.eos_token_id
+                if tokenizer.eos_token_id is not None
+                else start,
             )
             blocks.append(out.cpu())
             if task is not None:
