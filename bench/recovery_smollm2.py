@@ -6,7 +6,8 @@ an MHA control continued on the same text with the same tokens. One command, end
 
 Three domains, none shared between two roles:
 - calibration (`skipv1 convert`'s default `--calib-data embedded:train`): CPython documentation;
-  arms (F) and (G) calibrate on the training text instead ((G) on 4x the tokens);
+  arms (F) and (G) calibrate on the training text instead ((G) on 4x the tokens), (H) on text
+  sampled from the source itself (`--calib-data sampled`);
 - training: the GCIDE dictionary (`gcide.txt` from --corpus-dir, by path), 50-line documents
   spread evenly over the whole file;
 - evaluation: the King James Bible (`kjv.txt`), 50-line documents spread evenly over the book.
@@ -254,7 +255,10 @@ cores):
   30 layers, 9 heads, 3 KV heads. SkipV1 arms: `skipv1 convert SOURCE DST --init INIT
   --skip-heads 1` (1 of the 3 KV heads borrowed from layer 0), calibrated on convert's default
   text, CPython documentation (`embedded:train`, 32,768 tokens), except (F): `--calib-data`
-  the training text (GCIDE), and (G): the same with `--calib-tokens 131072`. Conversion wall time (s) of those made here:
+  the training text (GCIDE), (G): the same with `--calib-tokens 131072`, and (H): `--calib-data
+  sampled --calib-tokens 131072`, text sampled from the source itself (temperature 1, no
+  truncation, `skipv1/convert/sampled.py`; no domain chosen, no KJV text involved). Conversion
+  wall time (s, sampling included) of those made here:
   {", ".join(f"{k} {v:.0f}" for k, v in convert_s.items())}.
 - Training (every arm, one recipe; only the starting checkpoint differs, and (E) adds a KL term
   to the source's predictions, `distill.teacher` = the source): `skipv1 uptrain`,
