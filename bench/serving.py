@@ -47,13 +47,15 @@ def filled_cache(model, batch: int, ctx: int, dtype: torch.dtype) -> DynamicCach
     """A DynamicCache holding `ctx` random tokens in every layer, shaped as the model's."""
     config = model.config
     cache = DynamicCache(config=config)
-    gen = torch.Generator().manual_seed(1)
+    # drawn on the model's device: a GPU fills a 32k x 16 cache in well under a second
+    gen = torch.Generator(model.device).manual_seed(1)
     d = config.head_dim
     for i in range(config.num_hidden_layers):
         own = config.own_value_heads(i) if hasattr(config, "own_value_heads") else None
         kv = config.num_key_value_heads
-        keys = torch.randn(batch, kv, ctx, d, generator=gen).to(model.device, dtype)
-        values = torch.randn(batch, own or kv, ctx, d, generator=gen).to(model.device, dtype)
+        draw = dict(generator=gen, device=model.device, dtype=dtype)
+        keys = torch.randn(batch, kv, ctx, d, **draw)
+        values = torch.randn(batch, own or kv, ctx, d, **draw)
         cache.update(keys, values, i)
     return cache
 
