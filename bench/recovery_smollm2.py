@@ -7,7 +7,8 @@ an MHA control continued on the same text with the same tokens. One command, end
 Three domains, none shared between two roles:
 - calibration (`skipv1 convert`'s default `--calib-data embedded:train`): CPython documentation;
   arms (F) and (G) calibrate on the training text instead ((G) on 4x the tokens), (H) on text
-  sampled from the source itself (`--calib-data sampled`);
+  sampled from the source itself (`--calib-data sampled`), and (I) calibrates and trains on
+  such text written to a file (no dataset at all);
 - training: the GCIDE dictionary (`gcide.txt` from --corpus-dir, by path), 50-line documents
   spread evenly over the whole file;
 - evaluation: the King James Bible (`kjv.txt`), 50-line documents spread evenly over the book.
@@ -47,6 +48,8 @@ CONVERSIONS = {
     "reconstruct_train_calib_all": ("reconstruct", "train", 8 * 32768),
     # text sampled from the source itself (convert/sampled.py): no domain chosen
     "reconstruct_sampled_calib_4x": ("reconstruct", "sampled", 4 * 32768),
+    # the same kind of text, written once to a file (SELF_TEXT) that arm I also trains on
+    "reconstruct_self_text_4x": ("reconstruct", "self_text", 4 * 32768),
 }
 # (label, conversion or None for the source itself, distillation from the source)
 ARMS = {
@@ -61,7 +64,16 @@ ARMS = {
         "reconstruct_sampled_calib_4x",
         True,
     ),
+    "I": (
+        "H with no data at all: calibrated and trained on text sampled from the source",
+        "reconstruct_self_text_4x",
+        True,
+    ),
 }
+# text sampled from the source (seed 0, SEQ_LEN-token samples decoded to text): arm I's
+# calibration and training text; every other arm trains on GCIDE (train.jsonl)
+SELF_TEXT = "self_text.jsonl"
+TRAIN_TEXT = {"I": SELF_TEXT}
 GOAL_PCT = 2.0
 # the command of arms from before the report recorded one per arm
 EARLIER = ".venv/bin/python bench/recovery_smollm2.py --work-dir /work/exp/rs"
@@ -89,6 +101,21 @@ def make_data(corpus: Path, out: Path, tokens: int, eval_blocks: int) -> None:
     # ~3.5 characters per SmolLM2 token on this text; 1.5x so that no document is seen twice
     write_documents(corpus / "gcide.txt", out / "train.jsonl", int(tokens * 3.5 * 1.5))
     write_documents(corpus / "kjv.txt", out / "eval.jsonl", int(eval_blocks * SEQ_LEN * 4 * 2))
+
+
+def make_self_text(source: Path, out: Path, tokens: int) -> None:
+    """`tokens` tokens sampled from the source as convert's `--calib-data sampled` samples them
+    (skipv1/convert/sampled.py), each SEQ_LEN-token sample one document of decoded text."""
+    from transformers import AutoTokenizer
+
+    from skipv1.convert.sampled import sampled_token_blocks
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    blocks = sampled_token_blocks(
+        source, tokenizer, tokens, SEQ_LEN, trust_remote_code=False, device="cpu"
+    )
+    texts = tokenizer.batch_decode(blocks, skip_special_tokens=True)
+    (out / SELF_TEXT).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
 
 
 def export_source(dst: Path) -> None:
@@ -122,12 +149,14 @@ def recipe(
     eval_blocks: int,
     lr: float,
     teacher: Path | None = None,
+    train: str = "train.jsonl",
 ):
-    """Every arm runs this recipe; only `model.path` and the teacher differ."""
+    """Every arm runs this recipe; only `model.path`, the teacher and (arm I) the training
+    text differ."""
     return {
         "model": {"path": str(model), "dtype": "float32"},
         "data": {
-            "train": str(data / "train.jsonl"),
+            "train": str(data / train),
             "eval": str(data / "eval.jsonl"),
             "seq_len": SEQ_LEN,
             "seed": 2,
@@ -257,14 +286,16 @@ cores):
   text, CPython documentation (`embedded:train`, 32,768 tokens), except (F): `--calib-data`
   the training text (GCIDE), (G): the same with `--calib-tokens 131072`, and (H): `--calib-data
   sampled --calib-tokens 131072`, text sampled from the source itself (temperature 1, no
-  truncation, `skipv1/convert/sampled.py`; no domain chosen, no KJV text involved). Conversion
+  truncation, `skipv1/convert/sampled.py`; no domain chosen, no KJV text involved), and (I):
+  `--calib-data` a file of such text ({SELF_TEXT}: seed-0 samples of {SEQ_LEN} tokens decoded,
+  1.15x the training budget), 131,072 tokens of it. Conversion
   wall time (s, sampling included) of those made here:
   {", ".join(f"{k} {v:.0f}" for k, v in convert_s.items())}.
 - Training (every arm, one recipe; only the starting checkpoint differs, and (E) adds a KL term
   to the source's predictions, `distill.teacher` = the source): `skipv1 uptrain`,
   **{args.tokens:,} tokens** ({args.tokens // BATCH_TOKENS} steps x {BATCH_TOKENS:,} tokens,
   sequences of {SEQ_LEN}) of GCIDE dictionary text (documents of {LINES_PER_DOC} lines from the
-  whole dictionary), the same batches in the same order for every arm (`data.seed: 2`); AdamW peak
+  whole dictionary; (I) instead trains on its calibration file, the source's own samples), the same batches in the same order for every arm (`data.seed: 2`); AdamW peak
   lr {args.lr:g}, 10% warmup, cosine to 10%, weight decay 0.1, clip 1.0, fp32, one process
   (ZeRO-0). That is {args.tokens / PRETRAINING_TOKENS:.1e} of SmolLM2's 2T pretraining tokens.
 - Evaluation: perplexity on the first {args.eval_blocks} blocks of {SEQ_LEN} tokens of the King
@@ -319,11 +350,20 @@ def main() -> None:
         lambda: make_data(corpus, data, args.tokens, args.eval_blocks),
     )
     only = args.arms or list(ARMS)
+    if any(CONVERSIONS[ARMS[a][1]][1] == "self_text" for a in only if ARMS[a][1]):
+        # 1.15x the budget: the decoded samples re-tokenize to about as many tokens
+        stage(
+            data / "SELF_TEXT_DONE",
+            "sample the source's own text",
+            lambda: make_self_text(source, data, int(args.tokens * 1.15)),
+        )
     for arm in only:
         label, conversion, distill = ARMS[arm]
         if conversion:
             init, calib, tokens = CONVERSIONS[conversion]
-            calib_data = data / "train.jsonl" if calib == "train" else calib
+            calib_data = {"train": data / "train.jsonl", "self_text": data / SELF_TEXT}.get(
+                calib, calib
+            )
             stage(
                 work / conversion / "DONE",
                 f"convert: {conversion}",
@@ -334,7 +374,14 @@ def main() -> None:
         model = work / conversion / "model" if conversion else source
         teacher = source if distill else None
         config = recipe(
-            model, data, args.tokens, args.eval_every, args.eval_blocks, args.lr, teacher
+            model,
+            data,
+            args.tokens,
+            args.eval_every,
+            args.eval_blocks,
+            args.lr,
+            teacher,
+            TRAIN_TEXT.get(arm, "train.jsonl"),
         )
         out = work / "arms" / arm
         stage(out / "DONE", f"arm {arm}: {label}", lambda c=config, o=out: uptrain(c, o))
