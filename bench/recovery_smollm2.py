@@ -7,8 +7,9 @@ an MHA control continued on the same text with the same tokens. One command, end
 Three domains, none shared between two roles:
 - calibration (`skipv1 convert`'s default `--calib-data embedded:train`): CPython documentation;
   arms (F) and (G) calibrate on the training text instead ((G) on 4x the tokens), (H) on text
-  sampled from the source itself (`--calib-data sampled`), and (I) calibrates and trains on
-  such text written to a file (no dataset at all);
+  sampled from the source itself (`--calib-data sampled` as first written: raw token blocks),
+  (I) calibrates and trains on such text decoded and written to a file (no dataset at all), and
+  (J) calibrates as (I) and trains as (G);
 - training: the GCIDE dictionary (`gcide.txt` from --corpus-dir, by path), 50-line documents
   spread evenly over the whole file;
 - evaluation: the King James Bible (`kjv.txt`), 50-line documents spread evenly over the book.
@@ -46,7 +47,9 @@ CONVERSIONS = {
     "reconstruct_train_calib_4x": ("reconstruct", "train", 4 * 32768),
     # more than the training text holds (~212k tokens at the default budget): all of it
     "reconstruct_train_calib_all": ("reconstruct", "train", 8 * 32768),
-    # text sampled from the source itself (convert/sampled.py): no domain chosen
+    # text sampled from the source itself (convert/sampled.py): no domain chosen; arm H ran it
+    # when `sampled` calibrated on the raw token blocks (0a1cd74), now the samples are decoded
+    # and packed as text, as in arm I's conversion
     "reconstruct_sampled_calib_4x": ("reconstruct", "sampled", 4 * 32768),
     # the same kind of text, written once to a file (SELF_TEXT) that arm I also trains on
     "reconstruct_self_text_4x": ("reconstruct", "self_text", 4 * 32768),
@@ -60,12 +63,18 @@ ARMS = {
     "F": ("E, converted with calibration on the training text", "reconstruct_train_calib", True),
     "G": ("F with 4x the calibration tokens (131,072)", "reconstruct_train_calib_4x", True),
     "H": (
-        "G, calibrated on text sampled from the source (--calib-data sampled)",
+        "G, calibrated on text sampled from the source, as raw token blocks (0a1cd74's "
+        "--calib-data sampled)",
         "reconstruct_sampled_calib_4x",
         True,
     ),
     "I": (
         "H with no data at all: calibrated and trained on text sampled from the source",
+        "reconstruct_self_text_4x",
+        True,
+    ),
+    "J": (
+        "G, calibrated on I's samples decoded and packed as text (today's --calib-data sampled)",
         "reconstruct_self_text_4x",
         True,
     ),
@@ -104,17 +113,16 @@ def make_data(corpus: Path, out: Path, tokens: int, eval_blocks: int) -> None:
 
 
 def make_self_text(source: Path, out: Path, tokens: int) -> None:
-    """`tokens` tokens sampled from the source as convert's `--calib-data sampled` samples them
-    (skipv1/convert/sampled.py), each SEQ_LEN-token sample one document of decoded text."""
+    """Text sampled from the source as convert's `--calib-data sampled` samples it
+    (skipv1/convert/sampled.py), `tokens` tokens once packed, one document per sample."""
     from transformers import AutoTokenizer
 
-    from skipv1.convert.sampled import sampled_token_blocks
+    from skipv1.convert.sampled import sampled_documents
 
     tokenizer = AutoTokenizer.from_pretrained(source)
-    blocks = sampled_token_blocks(
+    texts = sampled_documents(
         source, tokenizer, tokens, SEQ_LEN, trust_remote_code=False, device="cpu"
     )
-    texts = tokenizer.batch_decode(blocks, skip_special_tokens=True)
     (out / SELF_TEXT).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
 
 
@@ -286,9 +294,11 @@ cores):
   text, CPython documentation (`embedded:train`, 32,768 tokens), except (F): `--calib-data`
   the training text (GCIDE), (G): the same with `--calib-tokens 131072`, and (H): `--calib-data
   sampled --calib-tokens 131072`, text sampled from the source itself (temperature 1, no
-  truncation, `skipv1/convert/sampled.py`; no domain chosen, no KJV text involved), and (I):
-  `--calib-data` a file of such text ({SELF_TEXT}: seed-0 samples of {SEQ_LEN} tokens decoded,
-  1.15x the training budget), 131,072 tokens of it. Conversion
+  truncation, `skipv1/convert/sampled.py`; no domain chosen, no KJV text involved; H ran it as
+  first written, on the raw token blocks, each starting with the start token), and (I) and (J):
+  `--calib-data` a file of such text ({SELF_TEXT}: the same seed-0 samples of {SEQ_LEN} tokens,
+  decoded, 1.15x the training budget; what `--calib-data sampled` now does), 131,072 tokens of
+  it. Conversion
   wall time (s, sampling included) of those made here:
   {", ".join(f"{k} {v:.0f}" for k, v in convert_s.items())}.
 - Training (every arm, one recipe; only the starting checkpoint differs, and (E) adds a KL term

@@ -1,6 +1,6 @@
 """`skipv1 convert --calib-data sampled`: calibration text sampled from the source itself. The
-samples are full blocks that start with the start token, reproducible from their seed, leave the
-caller's RNG as it was, and a conversion on them is recorded and repeatable."""
+samples are documents of text that pack into the tokens asked, reproducible from their seed,
+leave the caller's RNG as it was, and a conversion on them is recorded and repeatable."""
 
 import json
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from skipv1.convert.sampled import sampled_token_blocks
+from skipv1.convert.sampled import sampled_documents
+from skipv1.packing import token_stream
 
 ARGS = ["--calib-data", "sampled", "--calib-tokens", "1024", "--calib-seq-len", "64"]
 
@@ -20,17 +21,18 @@ def source(checkpoint):
 
 def blocks(source, seed=0, tokens=200, seq_len=16):
     tokenizer = AutoTokenizer.from_pretrained(source)
-    return sampled_token_blocks(
+    return sampled_documents(
         source, tokenizer, tokens, seq_len, trust_remote_code=False, device="cpu", seed=seed
     ), tokenizer
 
 
-def test_samples_are_full_blocks_from_the_start_token(source):
-    ids, tokenizer = blocks(source)
-    assert ids.shape == (200 // 16, 16)
-    assert (ids[:, 0] == tokenizer.bos_token_id).all()
-    assert (ids[:, 1:] != tokenizer.eos_token_id).all()  # end of text suppressed: no padding
-    assert len({tuple(row.tolist()) for row in ids}) == len(ids)  # sampled, not greedy
+def test_samples_are_texts_that_pack_into_the_tokens_asked(source):
+    docs, tokenizer = blocks(source)
+    assert all(isinstance(d, str) for d in docs)
+    packed = token_stream(docs, tokenizer)
+    assert len(packed) >= 200
+    assert tokenizer.bos_token not in "".join(docs)  # decoded without special tokens
+    assert len(set(docs)) == len(docs)  # sampled, not greedy
 
 
 def test_samples_repeat_from_their_seed_and_leave_the_rng_alone(source):
@@ -41,8 +43,8 @@ def test_samples_repeat_from_their_seed_and_leave_the_rng_alone(source):
     assert torch.equal(torch.rand(3), expected_next)
     again, _ = blocks(source, seed=0)
     other, _ = blocks(source, seed=1)
-    assert torch.equal(first, again)
-    assert not torch.equal(first, other)
+    assert first == again
+    assert first != other
 
 
 @pytest.mark.slow

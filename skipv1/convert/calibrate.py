@@ -491,7 +491,7 @@ def calibrate_source(prepared, options, quiet: bool):
     from ..console import step_progress
     from ..textdata import iter_documents
     from .reader import iter_tensors
-    from .sampled import is_sampled, sampled_token_blocks
+    from .sampled import is_sampled, sampled_documents
 
     plan = prepared.plan
     tokenizer = _tokenizer(prepared.root, plan.init)
@@ -515,7 +515,7 @@ def calibrate_source(prepared, options, quiet: bool):
         load, names, wrap = face.loader(load), face.names(names), face.wrap
     with step_progress(quiet) as progress:
         if is_sampled(options.calib_data):
-            ids = sampled_token_blocks(
+            texts = sampled_documents(
                 prepared.root,
                 tokenizer,
                 options.calib_tokens,
@@ -523,6 +523,9 @@ def calibrate_source(prepared, options, quiet: bool):
                 trust_remote_code=options.trust_remote_code,
                 device=calibration_device(),
                 progress=progress,
+            )
+            ids = calibration_token_blocks(
+                tokenizer, iter(texts), options.calib_tokens, options.calib_seq_len
             )
         run = CalibrationRun(
             config or source_config(prepared.out_config),

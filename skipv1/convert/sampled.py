@@ -8,8 +8,12 @@ distribution, so the fit covers what the source models without anyone choosing a
 (on SmolLM2 at equal tokens: +47% on the KJV). A user who knows what they will serve does better
 still with text of that domain.
 
-The samples stay token ids (no decode and re-encode): each block is the start token followed by
-`seq_len - 1` sampled tokens, end-of-text suppressed so every block is full. Seeded, so a
+Each sample is the start token followed by `seq_len - 1` sampled tokens (end of text
+suppressed, so none stops early), decoded to text; the calibration packs those documents as it
+packs any text (packing.py). Not the raw token blocks: every one of those begins with the start
+token, which real text at position 0 does not, and on SmolLM2 (131,072 tokens, s = 1) a
+reconstruct fit on the raw blocks started uptraining at 35.2 KJV perplexity against 20.2 from the
+same samples decoded and packed (docs/results/recovery_smollm2.md, arms H and I). Seeded, so a
 conversion is reproducible; the global RNG is restored afterwards.
 """
 
@@ -18,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SkipV1Error
+from ..packing import encode_documents, eos_token_id
 
 SAMPLED = "sampled"
 BATCH = 32  # sequences per generate() call: on 2 CPU cores ~160 tokens/s at 135M parameters
@@ -27,7 +32,7 @@ def is_sampled(calib_data) -> bool:
     return isinstance(calib_data, str) and calib_data.strip() == SAMPLED
 
 
-def sampled_token_blocks(
+def sampled_documents(
     root: Path,
     tokenizer,
     tokens: int,
@@ -37,8 +42,9 @@ def sampled_token_blocks(
     device: str,
     progress=None,
     seed: int = 0,
-) -> torch.Tensor:
-    """(N, seq_len) token ids sampled from the model at `root`, N = tokens // seq_len (>= 1)."""
+) -> list[str]:
+    """Texts sampled from the model at `root`, each from `seq_len - 1` new tokens, until they
+    pack into at least `tokens` tokens (packing.py: each document's ids and an EOS)."""
     start = tokenizer.bos_token_id
     if start is None:
         start = tokenizer.eos_token_id
@@ -47,14 +53,15 @@ def sampled_token_blocks(
             f"--calib-data {SAMPLED} needs a start token, and the tokenizer at {root} has no BOS "
             "or EOS token: give calibration text instead (--calib-data FILE)"
         )
+    eos = eos_token_id(tokenizer)
     model = _load_model(root, trust_remote_code, device)
-    n = max(1, tokens // seq_len)
-    task = progress.add_task("sampling calibration text", total=n) if progress else None
-    blocks = []
+    task = progress.add_task("sampling calibration text", total=tokens) if progress else None
+    docs: list[str] = []
+    packed = 0
     with torch.random.fork_rng(devices=[] if device == "cpu" else None), torch.no_grad():
-        for first in range(0, n, BATCH):
-            rows = min(BATCH, n - first)
-            torch.manual_seed(seed + first)  # a batch's samples do not depend on BATCH's past
+        while packed < tokens:
+            rows = min(BATCH, -(-(tokens - packed) // seq_len))
+            torch.manual_seed(seed + len(docs))  # a batch's samples do not depend on BATCH's past
             ids = torch.full((rows, 1), start, dtype=torch.long, device=device)
             out = model.generate(
                 ids,
@@ -65,15 +72,16 @@ def sampled_token_blocks(
                 top_p=1.0,
                 max_new_tokens=seq_len - 1,
                 min_new_tokens=seq_len - 1,
-                pad_token_id=tokenizer.eos_token_id
-                if tokenizer.eos_token_id is not None
-                else start,
+                pad_token_id=eos,
             )
-            blocks.append(out.cpu())
+            texts = tokenizer.batch_decode(out.cpu(), skip_special_tokens=True)
+            added = sum(map(len, encode_documents(texts, tokenizer, eos)))
+            docs += texts
+            packed += added
             if task is not None:
-                progress.advance(task, rows)
+                progress.advance(task, added)
     del model
-    return torch.cat(blocks)
+    return docs
 
 
 def _load_model(root: Path, trust_remote_code: bool, device: str):
