@@ -145,7 +145,9 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --device cpu for a plumbing check")
     result: dict = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
-    result["versions"] = versions()
+    from skipv1.convert.provenance import library_versions
+
+    result["versions"] = library_versions(("torch", "transformers", "deepspeed", "flash-attn"))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         stages = {
@@ -176,19 +178,6 @@ def run_stage(name: str, stage) -> dict:
         return {"error": f"{type(e).__name__}: {e}"}
     print(f"stage {name}: {time.time() - start:.0f} s", flush=True)
     return out
-
-
-def versions() -> dict:
-    import importlib.metadata
-
-    names = ("torch", "transformers", "deepspeed", "flash-attn")
-    got = {}
-    for n in names:
-        try:
-            got[n] = importlib.metadata.version(n)
-        except importlib.metadata.PackageNotFoundError:
-            got[n] = None
-    return got
 
 
 def capacity(args) -> dict:

@@ -24,9 +24,9 @@ def sha256_of(path: Path | None) -> str | None:
     return digest.hexdigest()
 
 
-def library_versions() -> dict[str, str | None]:
+def library_versions(names: tuple[str, ...] = LIBRARIES) -> dict[str, str | None]:
     versions: dict[str, str | None] = {"python": platform.python_version()}
-    for name in LIBRARIES:
+    for name in names:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
