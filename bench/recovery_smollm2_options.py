@@ -153,7 +153,7 @@ within what another order could change. No wall times: the runs shared the CPU w
 def make_conversion(work: Path, name: str) -> None:
     """One of recovery_smollm2.CONVERSIONS, into the shared work dir."""
     init, calib, tokens = CONVERSIONS[name]
-    calib_data = work / "data" / "train.jsonl" if calib == "train" else None
+    calib_data = work / "data" / "train.jsonl" if calib == "train" else calib
     convert(work / "source", init, work / name, calib_data, tokens)
 
 
