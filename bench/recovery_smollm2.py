@@ -137,7 +137,7 @@ def make_self_text(source: Path, out: Path, tokens: int) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(source)
     texts = sampled_documents(
-        source, tokenizer, tokens, SEQ_LEN, trust_remote_code=False, device="cpu"
+        source, tokenizer, tokens, SEQ_LEN, device="cpu"
     )
     (out / SELF_TEXT).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
 

@@ -131,7 +131,12 @@ def comparison_init(settings: DemoSettings) -> str:
 
 def _convert(settings: DemoSettings, src: Path, dst: Path, init: str) -> None:
     method = get_init(init)
-    extra = ["--calib-tokens", settings.calib_tokens] if method.calibrated else []
+    # calibrated on the demo's own domain (what it trains and evaluates on), not sampled
+    extra = (
+        ["--calib-data", "embedded:train", "--calib-tokens", settings.calib_tokens]
+        if method.calibrated
+        else []
+    )
     if method.uses_distill_steps:
         extra += ["--calib-distill-steps", settings.calib_distill_steps]
     if not _complete(dst):

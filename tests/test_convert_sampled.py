@@ -1,6 +1,7 @@
 """`skipv1 convert --calib-data sampled`: calibration text sampled from the source itself. The
 samples are documents of text that pack into the tokens asked, reproducible from their seed,
-leave the caller's RNG as it was, and a conversion on them is recorded and repeatable."""
+leave the caller's RNG as it was, and a conversion on them (convert's default calibration) is
+recorded and repeatable."""
 
 import json
 
@@ -11,7 +12,7 @@ from transformers import AutoTokenizer
 from skipv1.convert.sampled import sampled_documents
 from skipv1.packing import token_stream
 
-ARGS = ["--calib-data", "sampled", "--calib-tokens", "1024", "--calib-seq-len", "64"]
+SMALL = ["--calib-tokens", "1024", "--calib-seq-len", "64"]
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def source(checkpoint):
 def blocks(source, seed=0, tokens=200, seq_len=16):
     tokenizer = AutoTokenizer.from_pretrained(source)
     return sampled_documents(
-        source, tokenizer, tokens, seq_len, trust_remote_code=False, device="cpu", seed=seed
+        source, tokenizer, tokens, seq_len, device="cpu", seed=seed
     ), tokenizer
 
 
@@ -48,11 +49,13 @@ def test_samples_repeat_from_their_seed_and_leave_the_rng_alone(source):
 
 
 @pytest.mark.slow
-def test_a_conversion_on_sampled_text_is_recorded_and_repeatable(source, tmp_path, cli):
+def test_by_default_a_conversion_calibrates_on_sampled_text_recorded_and_repeatable(
+    source, tmp_path, cli
+):
     outs = []
-    for name in ("a", "b"):
+    for name, data in (("a", []), ("b", ["--calib-data", "sampled"])):
         dst = tmp_path / name
-        result = cli("convert", source, dst, "--quiet", "--init", "calibrated", *ARGS)
+        result = cli("convert", source, dst, "--quiet", "--init", "calibrated", *SMALL, *data)
         assert result.exit_code == 0, result.output
         outs.append(dst)
     record = json.loads((outs[0] / "skipv1_conversion.json").read_text())["calibration"]
@@ -60,3 +63,20 @@ def test_a_conversion_on_sampled_text_is_recorded_and_repeatable(source, tmp_pat
     assert record["tokens"] == 1024
     a, b = ((d / "model.safetensors").read_bytes() for d in outs)
     assert a == b
+
+
+def test_sampling_never_runs_the_checkpoints_code(source, tmp_path, cli):
+    # --trust-remote-code lets convert read a source whose config names custom code; the default
+    # calibration samples with transformers' own class for the model type, so the code never runs
+    marker = tmp_path / "ran"
+    (source / "custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    config = json.loads((source / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "custom.MyLlama"}
+    (source / "config.json").write_text(json.dumps(config))
+    dst = tmp_path / "dst"
+    args = ["--init", "calibrated", "--trust-remote-code", "--calib-tokens", "256"]
+    result = cli("convert", source, dst, "--quiet", *args, "--calib-seq-len", "32")
+    assert result.exit_code == 0, result.output
+    assert not marker.exists()
+    record = json.loads((dst / "skipv1_conversion.json").read_text())["calibration"]
+    assert record["data"] == "sampled"

@@ -520,7 +520,6 @@ def calibrate_source(prepared, options, quiet: bool):
                 tokenizer,
                 options.calib_tokens,
                 options.calib_seq_len,
-                trust_remote_code=options.trust_remote_code,
                 device=calibration_device(),
                 progress=progress,
             )

@@ -48,8 +48,9 @@ def convert(
     calib_data: Annotated[
         str,
         typer.Option(
-            help="reconstruct/calibrated inits: calibration text (a data spec), or "
-            "`sampled`: text sampled from the source itself (no domain chosen)."
+            help="reconstruct/calibrated inits: calibration text (a data spec: the text you "
+            "will serve, if you know it), or `sampled` (the default): text sampled from the "
+            "source itself."
         ),
     ] = D.calib_data,
     calib_tokens: Annotated[

@@ -23,8 +23,9 @@ class ConvertOptions:
     shard_size: "str | int" = "5GB"  # largest output shard
     trust_remote_code: bool = False  # convert a source whose config names custom code
     # calibrated inits: calibration text (a data spec, or `sampled`: sampled from the source,
-    # convert/sampled.py), its tokens, tokens per sequence
-    calib_data: Any = "embedded:train"
+    # convert/sampled.py, the default: no domain to choose, and the best start measured out of
+    # domain, docs/results/recovery_smollm2.md), its tokens, tokens per sequence
+    calib_data: Any = "sampled"
     calib_tokens: int = 32768
     calib_seq_len: int = 256
     # reconstruct: steps (of 4 calibration sequences) of the final attention distillation

@@ -14,7 +14,9 @@ packs any text (packing.py). Not the raw token blocks: every one of those begins
 token, which real text at position 0 does not, and on SmolLM2 (131,072 tokens, s = 1) a
 reconstruct fit on the raw blocks started uptraining at 35.2 KJV perplexity against 20.2 from the
 same samples decoded and packed (docs/results/recovery_smollm2.md, arms H and I). Seeded, so a
-conversion is reproducible; the global RNG is restored afterwards.
+conversion is reproducible; the global RNG is restored afterwards. The sampler is transformers'
+own class for the source's model type, never code from the checkpoint (`--trust-remote-code`
+lets convert read such a source, not run it).
 """
 
 from pathlib import Path
@@ -38,7 +40,6 @@ def sampled_documents(
     tokens: int,
     seq_len: int,
     *,
-    trust_remote_code: bool,
     device: str,
     progress=None,
     seed: int = 0,
@@ -54,7 +55,7 @@ def sampled_documents(
             "or EOS token: give calibration text instead (--calib-data FILE)"
         )
     eos = eos_token_id(tokenizer)
-    model = _load_model(root, trust_remote_code, device)
+    model = _load_model(root, device)
     task = progress.add_task("sampling calibration text", total=tokens) if progress else None
     docs: list[str] = []
     packed = 0
@@ -84,12 +85,12 @@ def sampled_documents(
     return docs
 
 
-def _load_model(root: Path, trust_remote_code: bool, device: str):
+def _load_model(root: Path, device: str):
     from transformers import AutoModelForCausalLM
 
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            root, dtype=torch.float32, trust_remote_code=trust_remote_code
+            root, dtype=torch.float32, trust_remote_code=False
         )
     except (OSError, ValueError) as err:
         raise SkipV1Error(
