@@ -88,10 +88,8 @@ def sampled_documents(
 def _load_model(root: Path, device: str):
     from transformers import AutoModelForCausalLM
 
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            root, dtype=torch.float32, trust_remote_code=False
-        )
+    try:  # in the checkpoint's own dtype: the memory serving it takes, not twice that
+        model = AutoModelForCausalLM.from_pretrained(root, dtype="auto", trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise SkipV1Error(
             f"--calib-data {SAMPLED} samples from the source, which failed to load with "
