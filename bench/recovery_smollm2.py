@@ -136,9 +136,7 @@ def make_self_text(source: Path, out: Path, tokens: int) -> None:
     from skipv1.convert.sampled import sampled_documents
 
     tokenizer = AutoTokenizer.from_pretrained(source)
-    texts = sampled_documents(
-        source, tokenizer, tokens, SEQ_LEN, device="cpu"
-    )
+    texts = sampled_documents(source, tokenizer, tokens, SEQ_LEN, device="cpu")
     (out / SELF_TEXT).write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
 
 

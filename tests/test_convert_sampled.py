@@ -22,9 +22,7 @@ def source(checkpoint):
 
 def blocks(source, seed=0, tokens=200, seq_len=16):
     tokenizer = AutoTokenizer.from_pretrained(source)
-    return sampled_documents(
-        source, tokenizer, tokens, seq_len, device="cpu", seed=seed
-    ), tokenizer
+    return sampled_documents(source, tokenizer, tokens, seq_len, device="cpu", seed=seed), tokenizer
 
 
 def test_samples_are_texts_that_pack_into_the_tokens_asked(source):
