@@ -150,14 +150,13 @@ def convert(
     source: Path,
     init: str,
     dst: Path,
-    calib_data: "Path | str | None" = None,
+    calib_data: "Path | str",
     calib_tokens: int | None = None,
 ) -> None:
-    """`skipv1 convert`, calibrated on its default token count unless given."""
+    """`skipv1 convert`, calibrated on `calib_data`, on its default token count unless given."""
     dst.mkdir(parents=True, exist_ok=True)
     cmd = [*skipv1_cmd(), "convert", str(source), str(dst / "model"), "--init", init]
-    if calib_data is not None:
-        cmd += ["--calib-data", str(calib_data)]
+    cmd += ["--calib-data", str(calib_data)]
     if calib_tokens is not None:
         cmd += ["--calib-tokens", str(calib_tokens)]
     run_logged([*cmd, "--skip-heads", "1", "--quiet"], dst / "log.txt")
@@ -237,7 +236,8 @@ def goal_lines(s: dict) -> list[str]:
     skipv1_arms = [k for k in s["arms"] if ARMS[k][1] is not None]
     best = min(skipv1_arms, key=lambda k: s["arms"][k]["end"])
     d = s["arms"][best]
-    control = control_of(best) if control_of(best) in s["arms"] else "A"
+    control = control_of(best)
+    control = control if control in s["arms"] else "A"  # its own control has not run yet
     a = s["arms"][control]
     within = d["end_vs_source_pct"] <= GOAL_PCT
     below = d["end"] <= a["end"]
