@@ -429,3 +429,16 @@ def assert_windowed_batches_give_generate_s_tokens(model) -> None:
         for p in prompts
     ]
     assert got == expected
+
+
+def exported_greedy(exported, prompt: list[int], new_tokens: int) -> list[int]:
+    """Greedy tokens of a `torch.export` program of transformers' static-cache wrapper, one token
+    per call at its position (transformers' own helper skips a position after the prompt)."""
+    tokens = list(prompt)
+    for position in range(len(prompt) + new_tokens - 1):
+        logits = exported.module()(
+            input_ids=torch.tensor([[tokens[position]]]), cache_position=torch.tensor([position])
+        )
+        if position >= len(prompt) - 1:
+            tokens.append(int(logits[0, -1].argmax()))
+    return tokens[len(prompt) :]

@@ -13,6 +13,7 @@ import torch
 from factories import (
     SKIPV1_FAMILIES,
     assert_beam_scores_are_the_uncached_model_s,
+    exported_greedy,
     random_family_skipv1,
 )
 from transformers import GenerationConfig, StaticCache
@@ -129,6 +130,30 @@ def test_fullgraph_compiled_static_cache_decode_matches_eager(static_family):
         out = step(x[:, 8:], cache=cache, use_cache=True, position_ids=torch.tensor([[8]]))
     torch._dynamo.reset()  # each family compiles its own graph
     torch.testing.assert_close(out.logits[:, -1], full[:, -1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_exported_static_cache_program_gives_the_generate_tokens_and_keeps_the_saving(
+    static_family,
+):
+    from skipv1.executorch import convert_and_export_with_cache
+
+    arch, _ = static_family
+    model = random_family_skipv1(arch)  # its own: the generation config is the export's
+    model.generation_config = GenerationConfig(
+        use_cache=True,
+        cache_implementation="static",
+        cache_config={"batch_size": 1, "max_cache_len": 24},
+        pad_token_id=0,
+    )
+    prompt = PROMPTS[2]
+    exported = convert_and_export_with_cache(model)
+    torch._dynamo.reset()
+    assert exported_greedy(exported, prompt, NEW_TOKENS) == greedy(model, prompt)
+    config = model.config
+    buffers = dict(exported.named_buffers())
+    heads = [buffers[f"value_cache_{i}"].shape[1] for i in range(config.num_hidden_layers)]
+    assert heads == [config.own_value_heads(i) for i in range(config.num_hidden_layers)]
 
 
 def test_beam_search_scores_are_the_uncached_model_s(any_family):

@@ -9,6 +9,7 @@ import torch
 from factories import (
     SHAPES,
     assert_beam_scores_are_the_uncached_model_s,
+    exported_greedy,
     random_skipv1,
     small_skipv1_config,
     token_ids,
@@ -16,6 +17,7 @@ from factories import (
 from transformers import DynamicCache, StaticCache
 
 from skipv1 import SkipV1LlamaForCausalLM
+from skipv1.modeling.layout import KVLayout
 from skipv1.modeling.modeling_skipv1_llama import SkipV1LlamaModel
 
 
@@ -133,10 +135,8 @@ def test_eager_attention_weights_cover_every_query_head():
         torch.testing.assert_close(weights.sum(-1), torch.ones(2, 9, 7))
 
 
-@pytest.mark.slow
-def test_executorch_export_with_a_static_cache_gives_the_generate_tokens():
+def _export_ready_skipv1():
     from transformers import GenerationConfig
-    from transformers.integrations.executorch import convert_and_export_with_cache
 
     model = random_skipv1(small_skipv1_config(heads=9, kv=3, s=1))
     model.generation_config = GenerationConfig(
@@ -144,16 +144,54 @@ def test_executorch_export_with_a_static_cache_gives_the_generate_tokens():
         cache_implementation="static",
         cache_config={"batch_size": 1, "max_cache_len": 32},
     )
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exporter", ["transformers", "skipv1"])
+def test_executorch_export_with_a_static_cache_gives_the_generate_tokens(exporter):
+    from transformers.integrations import executorch as stock
+
+    from skipv1 import executorch as ours
+
+    model = _export_ready_skipv1()
     prompt = [3, 9, 4, 7, 1]
     ref = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0].tolist()
-    exported = convert_and_export_with_cache(model)
-    # one token per call at its position (transformers' own helper skips a position after the
-    # prompt, so it is not used here)
-    tokens = list(prompt)
-    for position in range(len(prompt) + 5):
-        logits = exported.module()(
-            input_ids=torch.tensor([[tokens[position]]]), cache_position=torch.tensor([position])
+    exported = (stock if exporter == "transformers" else ours).convert_and_export_with_cache(model)
+    assert prompt + exported_greedy(exported, prompt, 6) == ref
+    if exporter == "skipv1":  # the program's own buffers hold the SkipV1 bytes per token
+        cache = [b for n, b in exported.named_buffers() if n.startswith(("key_", "value_"))]
+        per_token = sum(b.numel() * b.element_size() for b in cache) // 32
+        layout = KVLayout(num_layers=3, num_kv_heads=3, head_dim=8, skip_v_heads=1)
+        assert per_token == layout.bytes_per_token(dtype_bytes=4)
+
+
+def test_skipv1_exported_program_stores_only_each_later_layer_s_own_value_heads():
+    from skipv1.executorch import SkipV1ExportableModuleWithStaticCache
+
+    model = _export_ready_skipv1()
+    wrapper = SkipV1ExportableModuleWithStaticCache(model)
+    buffers = dict(wrapper.named_buffers())
+    heads = [buffers[f"value_cache_{i}"].shape[1] for i in range(model.config.num_hidden_layers)]
+    assert heads == [3, 2, 2]  # layer 0 all n_kv = 3, later layers n_kv - s = 2
+    assert all(buffers[f"key_cache_{i}"].shape[1] == 3 for i in range(3))
+    # the registered buffers are the cache the model writes into
+    assert buffers["value_cache_1"] is wrapper.static_cache.layers[1].values
+
+
+def test_skipv1_export_wrapper_refuses_a_stock_model_with_a_pointer_to_transformers():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from skipv1.executorch import SkipV1ExportableModuleWithStaticCache
+
+    stock = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=97,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
         )
-        if position >= len(prompt) - 1:
-            tokens.append(int(logits[0, -1].argmax()))
-    assert tokens == ref
+    )
+    with pytest.raises(ValueError, match="TorchExportableModuleWithStaticCache"):
+        SkipV1ExportableModuleWithStaticCache(stock)

@@ -1,0 +1,59 @@
+"""torch.export / ExecuTorch programs of SkipV1 models that keep the KV saving.
+
+transformers' `TorchExportableModuleWithStaticCache` allocates every layer's value buffer with
+the key heads' count before the model is first called, and the exported program keeps those
+buffers, so a later layer would use only part of a full-width buffer. The subclass here swaps
+the later layers' cache for ones holding only their own value heads before the buffers are
+registered; everything else (forward signature, buffer names, ExecuTorch runner) is the
+parent's."""
+
+import torch
+from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+from .modeling.modeling_skipv1_core import use_skipv1_static_layers
+
+
+class SkipV1ExportableModuleWithStaticCache(TorchExportableModuleWithStaticCache):
+    """`TorchExportableModuleWithStaticCache` for a SkipV1 model: same arguments and program,
+    later layers' value buffers sized to their own heads."""
+
+    def __init__(self, model, batch_size=None, max_cache_len=None, device=None):
+        config = model.config.get_text_config()
+        if not hasattr(config, "own_value_heads"):
+            raise ValueError(
+                f"SkipV1ExportableModuleWithStaticCache takes a SkipV1 model, not a "
+                f"{type(model).__name__}: export a stock model with transformers' "
+                "TorchExportableModuleWithStaticCache."
+            )
+        super().__init__(model, batch_size, max_cache_len, device)
+        use_skipv1_static_layers(self.static_cache, config)
+        # the swapped layers hold new tensors: re-register them under the parent's names
+        for i, layer in enumerate(self.static_cache.layers):
+            self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
+            self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
+            self.register_buffer(
+                f"cumulative_length_{i}", layer.cumulative_length, persistent=False
+            )
+
+
+def convert_and_export_with_cache(
+    model,
+    example_input_ids: torch.Tensor | None = None,
+    example_cache_position: torch.Tensor | None = None,
+    dynamic_shapes: dict | None = None,
+    strict: bool | None = None,
+) -> torch.export.ExportedProgram:
+    """transformers' `convert_and_export_with_cache` for a SkipV1 model (same arguments): the
+    exported program stores only each later layer's own value heads."""
+    if example_input_ids is None:
+        example_input_ids = torch.tensor([[1]], dtype=torch.long, device=model.device)
+    if example_cache_position is None:
+        example_cache_position = torch.tensor([0], dtype=torch.long, device=model.device)
+    with torch.no_grad():
+        return torch.export.export(
+            SkipV1ExportableModuleWithStaticCache(model),
+            args=(),
+            kwargs={"input_ids": example_input_ids, "cache_position": example_cache_position},
+            dynamic_shapes=dynamic_shapes,
+            strict=True if strict is None else strict,
+        )
