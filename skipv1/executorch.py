@@ -8,9 +8,30 @@ registered; everything else (forward signature, buffer names, ExecuTorch runner)
 parent's."""
 
 import torch
-from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+from transformers.integrations.executorch import (
+    TorchExportableModuleForDecoderOnlyLM,
+    TorchExportableModuleWithStaticCache,
+)
 
 from .modeling.modeling_skipv1_core import use_skipv1_static_layers
+
+
+def _check_skipv1(model, wrapper: str) -> None:
+    if not hasattr(model.config.get_text_config(), "own_value_heads"):
+        raise ValueError(
+            f"SkipV1{wrapper} takes a SkipV1 model, not a {type(model).__name__}: export a stock "
+            f"model with transformers' {wrapper}."
+        )
+
+
+def _keep_the_saving(wrapper: TorchExportableModuleWithStaticCache) -> None:
+    """Swap the wrapper's later cache layers for ones holding only their own value heads and
+    register their tensors under the parent's buffer names (the full-width ones are freed)."""
+    use_skipv1_static_layers(wrapper.static_cache, wrapper.model.config.get_text_config())
+    for i, layer in enumerate(wrapper.static_cache.layers):
+        wrapper.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
+        wrapper.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
+        wrapper.register_buffer(f"cumulative_length_{i}", layer.cumulative_length, persistent=False)
 
 
 class SkipV1ExportableModuleWithStaticCache(TorchExportableModuleWithStaticCache):
@@ -18,22 +39,21 @@ class SkipV1ExportableModuleWithStaticCache(TorchExportableModuleWithStaticCache
     later layers' value buffers sized to their own heads."""
 
     def __init__(self, model, batch_size=None, max_cache_len=None, device=None):
-        config = model.config.get_text_config()
-        if not hasattr(config, "own_value_heads"):
-            raise ValueError(
-                f"SkipV1ExportableModuleWithStaticCache takes a SkipV1 model, not a "
-                f"{type(model).__name__}: export a stock model with transformers' "
-                "TorchExportableModuleWithStaticCache."
-            )
+        _check_skipv1(model, "TorchExportableModuleWithStaticCache")
         super().__init__(model, batch_size, max_cache_len, device)
-        use_skipv1_static_layers(self.static_cache, config)
-        # the swapped layers hold new tensors: re-register them under the parent's names
-        for i, layer in enumerate(self.static_cache.layers):
-            self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
-            self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
-            self.register_buffer(
-                f"cumulative_length_{i}", layer.cumulative_length, persistent=False
-            )
+        _keep_the_saving(self)
+
+
+class SkipV1ExportableModuleForDecoderOnlyLM(TorchExportableModuleForDecoderOnlyLM):
+    """`TorchExportableModuleForDecoderOnlyLM` (the recipe optimum-executorch exports) for a
+    SkipV1 model: its static-cache program keeps the saving. (A source with an active sliding
+    window gets transformers' hybrid-cache wrapper, which SkipV1 with s > 0 does not support.)"""
+
+    def __init__(self, model, batch_size=None, max_cache_len=None, device=None):
+        _check_skipv1(model, "TorchExportableModuleForDecoderOnlyLM")
+        super().__init__(model, batch_size, max_cache_len, device)
+        if isinstance(self.model, TorchExportableModuleWithStaticCache):
+            _keep_the_saving(self.model)
 
 
 def convert_and_export_with_cache(

@@ -148,8 +148,10 @@ def _export_ready_skipv1():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("exporter", ["transformers", "skipv1"])
+@pytest.mark.parametrize("exporter", ["transformers", "skipv1", "skipv1 recipe"])
 def test_executorch_export_with_a_static_cache_gives_the_generate_tokens(exporter):
+    """transformers' convert_and_export_with_cache, skipv1's, and the recipe optimum-executorch
+    exports (`SkipV1ExportableModuleForDecoderOnlyLM.export`)."""
     from transformers.integrations import executorch as stock
 
     from skipv1 import executorch as ours
@@ -157,20 +159,29 @@ def test_executorch_export_with_a_static_cache_gives_the_generate_tokens(exporte
     model = _export_ready_skipv1()
     prompt = [3, 9, 4, 7, 1]
     ref = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0].tolist()
-    exported = (stock if exporter == "transformers" else ours).convert_and_export_with_cache(model)
+    if exporter == "skipv1 recipe":
+        recipe = ours.SkipV1ExportableModuleForDecoderOnlyLM(model)
+        exported = recipe.export(input_ids=torch.tensor([[1]]), cache_position=torch.tensor([0]))
+    else:
+        exported = (stock if exporter == "transformers" else ours).convert_and_export_with_cache(
+            model
+        )
     assert prompt + exported_greedy(exported, prompt, 6) == ref
-    if exporter == "skipv1":  # the program's own buffers hold the SkipV1 bytes per token
+    if exporter != "transformers":  # the program's own buffers hold the SkipV1 bytes per token
         cache = [b for n, b in exported.named_buffers() if n.startswith(("key_", "value_"))]
         per_token = sum(b.numel() * b.element_size() for b in cache) // 32
         layout = KVLayout(num_layers=3, num_kv_heads=3, head_dim=8, skip_v_heads=1)
         assert per_token == layout.bytes_per_token(dtype_bytes=4)
 
 
-def test_skipv1_exported_program_stores_only_each_later_layer_s_own_value_heads():
-    from skipv1.executorch import SkipV1ExportableModuleWithStaticCache
+@pytest.mark.parametrize("recipe", ["WithStaticCache", "ForDecoderOnlyLM"])
+def test_skipv1_exported_program_stores_only_each_later_layer_s_own_value_heads(recipe):
+    from skipv1 import executorch
 
     model = _export_ready_skipv1()
-    wrapper = SkipV1ExportableModuleWithStaticCache(model)
+    wrapper = getattr(executorch, f"SkipV1ExportableModule{recipe}")(model)
+    if recipe == "ForDecoderOnlyLM":  # optimum-executorch's recipe: the static one inside
+        wrapper = wrapper.model
     buffers = dict(wrapper.named_buffers())
     heads = [buffers[f"value_cache_{i}"].shape[1] for i in range(model.config.num_hidden_layers)]
     assert heads == [3, 2, 2]  # layer 0 all n_kv = 3, later layers n_kv - s = 2
@@ -182,7 +193,10 @@ def test_skipv1_exported_program_stores_only_each_later_layer_s_own_value_heads(
 def test_skipv1_export_wrapper_refuses_a_stock_model_with_a_pointer_to_transformers():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from skipv1.executorch import SkipV1ExportableModuleWithStaticCache
+    from skipv1.executorch import (
+        SkipV1ExportableModuleForDecoderOnlyLM,
+        SkipV1ExportableModuleWithStaticCache,
+    )
 
     stock = LlamaForCausalLM(
         LlamaConfig(
@@ -195,3 +209,5 @@ def test_skipv1_export_wrapper_refuses_a_stock_model_with_a_pointer_to_transform
     )
     with pytest.raises(ValueError, match="TorchExportableModuleWithStaticCache"):
         SkipV1ExportableModuleWithStaticCache(stock)
+    with pytest.raises(ValueError, match="TorchExportableModuleForDecoderOnlyLM"):
+        SkipV1ExportableModuleForDecoderOnlyLM(stock)
