@@ -7,6 +7,8 @@ the later layers' cache for ones holding only their own value heads before the b
 registered; everything else (forward signature, buffer names, ExecuTorch runner) is the
 parent's."""
 
+import warnings
+
 import torch
 from transformers.integrations.executorch import (
     TorchExportableModuleForDecoderOnlyLM,
@@ -46,14 +48,24 @@ class SkipV1ExportableModuleWithStaticCache(TorchExportableModuleWithStaticCache
 
 class SkipV1ExportableModuleForDecoderOnlyLM(TorchExportableModuleForDecoderOnlyLM):
     """`TorchExportableModuleForDecoderOnlyLM` (the recipe optimum-executorch exports) for a
-    SkipV1 model: its static-cache program keeps the saving. (A source with an active sliding
-    window gets transformers' hybrid-cache wrapper, which SkipV1 with s > 0 does not support.)"""
+    SkipV1 model: its static-cache program keeps the saving. A config with layer_types and a
+    sliding window gets transformers' hybrid-cache wrapper, whose program gives the same tokens
+    but keeps full-width value buffers (later layers cache their borrowed heads too): it warns
+    so."""
 
     def __init__(self, model, batch_size=None, max_cache_len=None, device=None):
         _check_skipv1(model, "TorchExportableModuleForDecoderOnlyLM")
         super().__init__(model, batch_size, max_cache_len, device)
         if isinstance(self.model, TorchExportableModuleWithStaticCache):
             _keep_the_saving(self.model)
+        elif model.config.get_text_config().skip_v_heads:
+            warnings.warn(
+                "transformers gives a config with layer_types and a sliding_window its "
+                "hybrid-cache program, whose value buffers are full width: the program gives "
+                "the same tokens but stores as many KV bytes as the source's (generate() and "
+                "continuous batching keep the saving).",
+                stacklevel=2,
+            )
 
 
 def convert_and_export_with_cache(

@@ -33,6 +33,7 @@ from skipv1.modeling.layout import KVLayout, kv_layout
 from tests.factories import (
     assert_all_load_without_skipv1,
     assert_passes_follow_the_stock_layers,
+    exported_greedy,
     make_checkpoint,
 )
 
@@ -156,6 +157,22 @@ def test_static_cache_is_refused_clearly(family):
     model = skipv1_model(family, 1)
     with pytest.raises(ValueError, match="static cache"):
         model.generate(ids(1, 6), max_new_tokens=2, cache_implementation="static", pad_token_id=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_executorch_recipe_exports_gemma_warning_that_it_keeps_no_saving(family):
+    """optimum-executorch's recipe (transformers' hybrid-cache program): generate()'s tokens
+    beyond the window, with full-width value buffers, which the wrapper says."""
+    from skipv1.executorch import SkipV1ExportableModuleForDecoderOnlyLM
+
+    model = skipv1_model(family, 1)
+    prompt = ids(1, LENGTH)[0].tolist()
+    want = model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)
+    with pytest.warns(UserWarning, match="as many KV bytes as the source's"):
+        recipe = SkipV1ExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=32)
+    exported = recipe.export(input_ids=torch.tensor([[1]]), cache_position=torch.tensor([0]))
+    torch._dynamo.reset()
+    assert exported_greedy(exported, prompt, 4) == want[0, len(prompt) :].tolist()
 
 
 # --- convert ----------------------------------------------------------------------------------
