@@ -5,9 +5,10 @@ the key heads' count before the model is first called, and the exported program 
 buffers, so a later layer would use only part of a full-width buffer. The subclass here swaps
 the later layers' cache for ones holding only their own value heads before the buffers are
 registered; everything else (forward signature, buffer names, ExecuTorch runner) is the
-parent's."""
-
-import warnings
+parent's. The same holds for the hybrid-cache wrapper the recipe builds for a config with
+layer_types and a sliding window (Gemma 2/3, a windowed Qwen3): it backs every layer by a
+full-length StaticLayer (sliding masks over it), so layer 0 keeps every position and the later
+layers need only their own value heads there too."""
 
 import torch
 from transformers.integrations.executorch import (
@@ -15,7 +16,7 @@ from transformers.integrations.executorch import (
     TorchExportableModuleWithStaticCache,
 )
 
-from .modeling.modeling_skipv1_core import use_skipv1_static_layers
+from .modeling.static_cache_skipv1 import use_skipv1_static_layers
 
 
 def _check_skipv1(model, wrapper: str) -> None:
@@ -26,11 +27,13 @@ def _check_skipv1(model, wrapper: str) -> None:
         )
 
 
-def _keep_the_saving(wrapper: TorchExportableModuleWithStaticCache) -> None:
+def _keep_the_saving(wrapper: torch.nn.Module) -> None:
     """Swap the wrapper's later cache layers for ones holding only their own value heads and
-    register their tensors under the parent's buffer names (the full-width ones are freed)."""
-    use_skipv1_static_layers(wrapper.static_cache, wrapper.model.config.get_text_config())
-    for i, layer in enumerate(wrapper.static_cache.layers):
+    register their tensors under the parent's buffer names (the full-width ones are freed).
+    The static wrapper holds its cache as `static_cache`, the hybrid one as `cache`."""
+    cache = getattr(wrapper, "static_cache", None) or wrapper.cache
+    use_skipv1_static_layers(cache, wrapper.model.config.get_text_config())
+    for i, layer in enumerate(cache.layers):
         wrapper.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
         wrapper.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
         wrapper.register_buffer(f"cumulative_length_{i}", layer.cumulative_length, persistent=False)
@@ -48,24 +51,13 @@ class SkipV1ExportableModuleWithStaticCache(TorchExportableModuleWithStaticCache
 
 class SkipV1ExportableModuleForDecoderOnlyLM(TorchExportableModuleForDecoderOnlyLM):
     """`TorchExportableModuleForDecoderOnlyLM` (the recipe optimum-executorch exports) for a
-    SkipV1 model: its static-cache program keeps the saving. A config with layer_types and a
-    sliding window gets transformers' hybrid-cache wrapper, whose program gives the same tokens
-    but keeps full-width value buffers (later layers cache their borrowed heads too): it warns
-    so."""
+    SkipV1 model: its static-cache program, and the hybrid-cache one it builds for a config with
+    layer_types and a sliding window, keep the saving."""
 
     def __init__(self, model, batch_size=None, max_cache_len=None, device=None):
         _check_skipv1(model, "TorchExportableModuleForDecoderOnlyLM")
         super().__init__(model, batch_size, max_cache_len, device)
-        if isinstance(self.model, TorchExportableModuleWithStaticCache):
-            _keep_the_saving(self.model)
-        elif model.config.get_text_config().skip_v_heads:
-            warnings.warn(
-                "transformers gives a config with layer_types and a sliding_window its "
-                "hybrid-cache program, whose value buffers are full width: the program gives "
-                "the same tokens but stores as many KV bytes as the source's (generate() and "
-                "continuous batching keep the saving).",
-                stacklevel=2,
-            )
+        _keep_the_saving(self.model)
 
 
 def convert_and_export_with_cache(

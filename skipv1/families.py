@@ -109,6 +109,7 @@ class Family:
             f"modeling_skipv1_{self.name}.py",
             "modeling_skipv1_core.py",
             "paged_cache_skipv1.py",
+            "static_cache_skipv1.py",
         )
 
 

@@ -320,6 +320,48 @@ def assert_cache_paths_agree(model, x, prompt, prefill: int = 5, atol: float = 1
     assert torch.equal(generated, tokens)
 
 
+CACHES = ("dynamic", "static")
+
+
+def assert_windowed_static_cache_agrees(model, vocab: int, length: int = 14) -> None:
+    """A StaticCache on a windowed model: a prefill within the window and one past it, then one
+    token at a time, == the uncached forward; greedy generate with the static cache, and with
+    chunked prefill, and beam search == with the dynamic cache; later layers' value buffers hold their own heads,
+    and a sliding layer 0 that full layers borrow from keeps its borrowed heads for every
+    position."""
+    from transformers import StaticCache
+
+    config = model.config
+    x = token_ids(length=length, vocab=vocab)
+    with torch.no_grad():
+        full = model(x).logits
+        for prefill in (2, 9):
+            cache = StaticCache(config=config, max_cache_len=length + 2)
+            first = model(x[:, :prefill], cache=cache, use_cache=True).logits
+            steps = [
+                model(x[:, t : t + 1], cache=cache, use_cache=True).logits
+                for t in range(prefill, length)
+            ]
+            got = torch.cat([first, *steps], dim=1)
+            torch.testing.assert_close(got, full, atol=1e-4, rtol=0)
+    heads = [layer.values.shape[1] for layer in cache.layers]
+    assert heads == [config.own_value_heads(i) for i in range(config.num_hidden_layers)]
+    store = getattr(cache.layers[0], "borrowed_values", None)
+    if config.keeps_borrowed_values():
+        assert store.shape == (2, config.skip_v_heads, length + 2, config.head_dim)
+    else:
+        assert store is None
+    prompt = x[:, :9]
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    kwargs["attention_mask"] = torch.ones_like(prompt)
+    dynamic = model.generate(prompt, cache_implementation="dynamic", **kwargs)
+    for chunks in ({}, {"prefill_chunk_size": 2}):
+        static = model.generate(prompt, cache_implementation="static", **chunks, **kwargs)
+        assert torch.equal(static, dynamic)
+    beams = [model.generate(prompt, num_beams=3, cache_implementation=c, **kwargs) for c in CACHES]
+    assert torch.equal(*beams)  # the static layers (and layer 0's store) follow the beams
+
+
 def generated_cache_bytes(model, prompt) -> tuple[int, object]:
     """(bytes of keys and values, the cache) after `generate` of one token from `prompt`."""
     out = model.generate(

@@ -31,6 +31,7 @@ from tests.factories import (
     assert_cache_paths_agree,
     assert_passes_follow_the_stock_layers,
     assert_windowed_batches_give_generate_s_tokens,
+    assert_windowed_static_cache_agrees,
     exported_greedy,
     make_checkpoint,
     tiny_config,
@@ -139,6 +140,11 @@ def test_continuous_batching_beyond_the_window_gives_generate_s_tokens(case):
     assert_windowed_batches_give_generate_s_tokens(converted(stock(case), 1))
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_static_cache_beyond_the_window_agrees_with_the_uncached_forward(case):
+    assert_windowed_static_cache_agrees(converted(stock(case), 1), 320)
+
+
 @pytest.mark.parametrize("case", ["mixtral", "qwen3-types"])
 def test_the_fitted_inits_forward_applies_the_window(case, tmp_path):
     arch = CASES[case][0]
@@ -178,13 +184,10 @@ def test_convert_keeps_the_window_and_loads_with_and_without_skipv1(tmp_path, cl
 
 
 @pytest.mark.parametrize("case", ["qwen3-types", "qwen3", "mixtral"])
-def test_the_executorch_recipe_exports_a_windowed_model_and_says_when_it_keeps_no_saving(case):
+def test_the_executorch_recipe_exports_a_windowed_model_with_the_saving(case):
     """optimum-executorch's recipe gives a windowed config with layer_types (Qwen3's) transformers'
-    hybrid-cache program: generate()'s tokens beyond the window, with full-width value buffers,
-    said in a warning. Mixtral's kind (one window, no layer_types) gets the static program: the
-    same tokens, later layers' value buffers of their own heads."""
-    import warnings
-
+    hybrid-cache program, Mixtral's kind (one window, no layer_types) the static one: both give
+    generate()'s tokens beyond the window, later layers' value buffers of their own heads."""
     from skipv1.executorch import SkipV1ExportableModuleForDecoderOnlyLM
 
     model = converted(stock(case), 1)
@@ -193,14 +196,9 @@ def test_the_executorch_recipe_exports_a_windowed_model_and_says_when_it_keeps_n
     want = model.generate(
         torch.tensor([prompt]), max_new_tokens=6, do_sample=False, cache_implementation="dynamic"
     )
-    hybrid = CASES[case][0] == "qwen3"  # its config always has layer_types
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        recipe = SkipV1ExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=16)
-    said = any("as many KV bytes as the source's" in str(w.message) for w in caught)
-    assert said == hybrid
+    recipe = SkipV1ExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=16)
     exported = recipe.export(input_ids=torch.tensor([[1]]), cache_position=torch.tensor([0]))
     torch._dynamo.reset()
     assert exported_greedy(exported, prompt, 6) == want[0, len(prompt) :].tolist()
     values = [b.shape[1] for n, b in exported.named_buffers() if n.startswith("value_cache_")]
-    assert values == ([KV] * 3 if hybrid else [KV, KV - 1, KV - 1])
+    assert values == [KV, KV - 1, KV - 1]

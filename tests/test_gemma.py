@@ -1,10 +1,10 @@
 """The Gemma 2 and Gemma 3 text families: SkipV1 on transformers' Gemma classes (sliding-window
 and global layers, soft-capping, q/k norms, scaled embeddings, query_pre_attn_scalar), from tiny
 random models made by transformers, on sequences longer than the sliding window: s = 0 is the
-stock model; uncached == DynamicCache == token by token == greedy generate; layer 0's cache keeps
-its borrowed heads for the full context and the measured cache bytes equal the formula; static
-cache and continuous batching are refused; `skipv1 convert` output loads with and without
-skipv1."""
+stock model; uncached == DynamicCache == StaticCache (chunked prefill too) == token by token ==
+greedy generate; layer 0's cache keeps its borrowed heads for the full context and the measured
+cache bytes equal the formula; continuous batching == generate; `skipv1 convert` output loads
+with and without skipv1."""
 
 import json
 from pathlib import Path
@@ -33,6 +33,7 @@ from skipv1.modeling.layout import KVLayout, kv_layout
 from tests.factories import (
     assert_all_load_without_skipv1,
     assert_passes_follow_the_stock_layers,
+    assert_windowed_static_cache_agrees,
     exported_greedy,
     make_checkpoint,
 )
@@ -152,27 +153,28 @@ def test_cache_bytes_match_the_formula(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_static_cache_is_refused_clearly(family):
-    """(Continuous batching works: tests/test_family_serving.py.)"""
-    model = skipv1_model(family, 1)
-    with pytest.raises(ValueError, match="static cache"):
-        model.generate(ids(1, 6), max_new_tokens=2, cache_implementation="static", pad_token_id=0)
+def test_static_cache_beyond_the_window_agrees_with_the_uncached_forward(family):
+    """Layer 0 slides and global layers borrow from it: its static layer keeps the borrowed
+    heads of every position. (Continuous batching: tests/test_family_serving.py.)"""
+    assert_windowed_static_cache_agrees(skipv1_model(family, 1), VOCAB)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_executorch_recipe_exports_gemma_warning_that_it_keeps_no_saving(family):
+def test_the_executorch_recipe_exports_gemma_with_the_saving(family):
     """optimum-executorch's recipe (transformers' hybrid-cache program): generate()'s tokens
-    beyond the window, with full-width value buffers, which the wrapper says."""
+    beyond the window; later layers' value buffers hold their own heads."""
     from skipv1.executorch import SkipV1ExportableModuleForDecoderOnlyLM
 
     model = skipv1_model(family, 1)
     prompt = ids(1, LENGTH)[0].tolist()
     want = model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)
-    with pytest.warns(UserWarning, match="as many KV bytes as the source's"):
-        recipe = SkipV1ExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=32)
+    recipe = SkipV1ExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=32)
     exported = recipe.export(input_ids=torch.tensor([[1]]), cache_position=torch.tensor([0]))
     torch._dynamo.reset()
     assert exported_greedy(exported, prompt, 4) == want[0, len(prompt) :].tolist()
+    values = [b.shape[1] for n, b in exported.named_buffers() if n.startswith("value_cache_")]
+    assert values == [model.config.own_value_heads(i) for i in range(len(values))]
+    assert values[1:] == [1] * (SHAPE["num_hidden_layers"] - 1)  # 2 KV heads, s = 1
 
 
 # --- convert ----------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ by transformers with a window of 4, on sequences longer than it. s = 0 is the st
 a full-attention model is not); s > 0: uncached == DynamicCache == token by token == greedy
 generate; layer 0's cache keeps its borrowed heads for the full context where a later layer
 attends globally; measured cache bytes == the formula; continuous batching == generate beyond
-the window; the static cache is refused; `skipv1 convert` keeps the window and its output loads with and without skipv1."""
+the window; the static cache (sized per layer, chunked prefill) == the uncached forward; `skipv1 convert` keeps the window and its output loads with and without skipv1."""
 
 import json
 
@@ -17,6 +17,7 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    StaticCache,
 )
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
@@ -31,6 +32,7 @@ from tests.factories import (
     assert_cache_paths_agree,
     assert_passes_follow_the_stock_layers,
     assert_windowed_batches_give_generate_s_tokens,
+    assert_windowed_static_cache_agrees,
     make_checkpoint,
     token_ids,
 )
@@ -138,13 +140,30 @@ def test_cache_bytes_match_the_formula(case):
     assert kv_layout(model.config) == KVLayout(3, 2, 8, 1, windowed)
 
 
-def test_static_cache_is_refused_clearly():
-    """Continuous batching works for these windows: test_continuous_batching.py and
-    test_family_serving.py compare it with generate()."""
-    model = skipv1_model("mistral", 1)
-    x = token_ids(batch=1, length=6, vocab=VOCAB)
-    with pytest.raises(ValueError, match="static cache"):
-        model.generate(x, max_new_tokens=2, cache_implementation="static", pad_token_id=0)
+@pytest.mark.parametrize("case", CASES)
+def test_static_cache_beyond_the_window_agrees_with_the_uncached_forward(case):
+    """(Continuous batching for these windows: test_continuous_batching.py and
+    test_family_serving.py compare it with generate().)"""
+    assert_windowed_static_cache_agrees(skipv1_model(case, 1), VOCAB)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_fullgraph_compiled_static_decode_beyond_the_window_matches_the_uncached_forward(case):
+    model = skipv1_model(case, 1)
+    x = token_ids(batch=1, length=11, vocab=VOCAB)
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    with torch.no_grad():
+        full = model(x).logits
+        model(x[:, :8], cache=cache, use_cache=True)  # eager prefill past the window of 4
+        step = torch.compile(model.forward, fullgraph=True, backend="aot_eager")
+        got = [
+            step(x[:, t : t + 1], cache=cache, use_cache=True, position_ids=torch.tensor([[t]]))
+            for t in range(8, 11)
+        ]
+    torch._dynamo.reset()
+    got = torch.cat([out.logits for out in got], dim=1)
+    torch.testing.assert_close(got, full[:, 8:], rtol=0, atol=1e-5)
 
 
 SOURCES = {

@@ -35,6 +35,12 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from .paged_cache_skipv1 import paged_borrowed_values
 from .paged_cache_skipv1 import register as register_paged_cache
+from .static_cache_skipv1 import (
+    SkipV1StaticFirstSlidingLayer,
+    sliding_positions,
+    unused_value_heads,
+    use_skipv1_static_layers,
+)
 
 register_paged_cache()  # continuous batching (generate_batch, `transformers serve`)
 
@@ -170,14 +176,16 @@ class SkipV1SlidingWindowLayer(DynamicSlidingWindowLayer):
         self._each_store(lambda t: t.index_select(0, beam_idx.to(t.device)))
 
 
-def first_layer_cache(cache: Cache, borrowed_from: int) -> "SkipV1SlidingWindowLayer | None":
-    """Layer 0's cache layer, swapped for a SkipV1SlidingWindowLayer while it holds no token;
-    None where layer 0's cache keeps every position anyway (a cache made without the config)."""
+def first_layer_cache(cache: Cache, borrowed_from: int):
+    """Layer 0's cache layer that keeps its borrowed heads for every position: a dynamic one is
+    swapped for a SkipV1SlidingWindowLayer while it holds no token (a static one was swapped by
+    `use_skipv1_static_layers`); None where layer 0's cache keeps every position anyway (a cache
+    made without the config)."""
     layers = getattr(cache, "layers", None)
     if not layers:
         return None  # layers are created on the first update, as full DynamicLayers
     layer = layers[0]
-    if isinstance(layer, SkipV1SlidingWindowLayer):
+    if isinstance(layer, (SkipV1SlidingWindowLayer, SkipV1StaticFirstSlidingLayer)):
         return layer
     if type(layer) is DynamicSlidingWindowLayer and not layer.is_initialized:
         layers[0] = SkipV1SlidingWindowLayer(layer.sliding_window, borrowed_from)
@@ -193,53 +201,6 @@ def first_layer_cache(cache: Cache, borrowed_from: int) -> "SkipV1SlidingWindowL
     )
 
 
-class SkipV1StaticLayer(StaticLayer):
-    """A static cache layer for a later SkipV1 layer: its value buffer holds only the layer's own
-    value heads (transformers sizes keys and values alike, from the keys)."""
-
-    def __init__(self, max_cache_len: int, value_heads: int | None = None, **kwargs):
-        super().__init__(max_cache_len, **kwargs)
-        self.value_heads = value_heads
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        # early initialization passes the keys' head count for the values too
-        heads = self.value_heads or value_states.shape[1]
-        if self.values.shape[1] != heads:
-            shape = (self.batch_size, heads, self.max_cache_len, self.v_head_dim)
-            self.values = torch.zeros(shape, dtype=value_states.dtype, device=self.device)
-            if not torch.compiler.is_compiling():
-                torch._dynamo.mark_static_address(self.values)
-
-
-def use_skipv1_static_layers(cache: Cache, config) -> None:
-    """Swap transformers' StaticLayers of later layers for SkipV1StaticLayers; an early
-    initialized layer (chunked prefill, export) that holds no token yet is re-initialized with
-    the layer's own value heads."""
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        # compiled steps run on a cache an eager step prepared; an exported program keeps the
-        # cache buffers its wrapper registered
-        return
-    layers = getattr(cache, "layers", [])
-    if not any(isinstance(lay, StaticLayer) for lay in layers):
-        return  # a dynamic or paged cache: nothing to swap (and this runs at every decode step)
-    if config.skip_v_heads and any(isinstance(lay, StaticSlidingWindowLayer) for lay in layers):
-        raise ValueError(
-            "SkipV1 with sliding-window layers does not support a static cache yet: use the "
-            "dynamic cache (generate(..., cache_implementation='dynamic'))."
-        )
-    for i, layer in enumerate(layers):
-        own = config.own_value_heads(i)
-        if type(layer) is not StaticLayer or own == config.num_key_value_heads:
-            continue
-        if layer.is_initialized and int(layer.cumulative_length) != 0:
-            continue  # holds tokens written by another model: leave it alone
-        new = SkipV1StaticLayer(max_cache_len=layer.max_cache_len, value_heads=own)
-        if layer.is_initialized:
-            new.lazy_initialization(layer.keys[:, :, :0], layer.values[:, :own, :0])
-        layers[i] = new
-
-
 class TPValueHeads(TensorParallelLayer):
     """Tensor-parallel style of a SkipV1 attention module. Ranks hold contiguous key heads
     [a, b); the borrowed heads are the last s, so the split between own and borrowed heads is
@@ -253,19 +214,6 @@ class TPValueHeads(TensorParallelLayer):
 
 
 ALL_PARALLEL_STYLES.register("skipv1_value_heads", TPValueHeads())
-
-
-def unused_value_heads(cache: Cache, layer_idx: int, own: int) -> int:
-    """Value heads of a static layer beyond the layer's own: non-zero only for a static cache
-    sized before the model could size it and then frozen, as by ExecuTorch's export wrapper
-    (which registers its buffers as they are). Such a layer works, without the saving."""
-    layers = getattr(cache, "layers", None)
-    if layers is None or layer_idx >= len(layers):
-        return 0
-    layer = layers[layer_idx]
-    if not isinstance(layer, StaticLayer) or not layer.is_initialized:
-        return 0
-    return max(0, layer.values.shape[1] - own)
 
 
 class SkipV1AttentionMixin:
@@ -390,7 +338,7 @@ class SkipV1AttentionMixin:
             # the borrowed heads with the own ones (SkipV1CacheAllocator)
             attn_output, attn_weights = attend(query_states, key_states, value_states)
         else:
-            borrowed = self.borrowed_values(first_layer_values, own, key_states.shape[2])
+            borrowed = self.borrowed_values(first_layer_values, own, key_states.shape[2], cache)
             if self.value_blend is not None:
                 borrowed = self.value_blend(hidden_states, borrowed)
             # Two attention calls over head slices instead of one over torch.cat([own, borrowed]):
@@ -405,11 +353,14 @@ class SkipV1AttentionMixin:
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         return self.output(attn_output), attn_weights
 
-    def borrowed_values(self, first: FirstLayerValues, own: int, kv_length: int) -> torch.Tensor:
+    def borrowed_values(
+        self, first: FirstLayerValues, own: int, kv_length: int, cache: Cache | None = None
+    ) -> torch.Tensor:
         """Layer 0's borrowed heads at the positions of this layer's keys. Without a cache, and
         for a layer whose cache is of layer 0's kind, that is layer 0's value tensor as its cache
         returned it; a full-attention layer borrowing from a sliding layer 0 reads layer 0's
-        full-length store; a sliding layer borrowing from a full one takes the last positions.
+        full-length store; a sliding layer borrowing from a full one takes the positions of its
+        window (the last ones of a dynamic cache, `sliding_positions` of a static one).
         On a paged cache, sequences are packed: a layer of another type than layer 0 reads layer
         0's heads from its own pages' copy, at its own positions."""
         full = getattr(self, "sliding_window", None) is None
@@ -419,6 +370,11 @@ class SkipV1AttentionMixin:
         if first.full is not None and full:
             return first.full
         borrowed = first.value[:, own:]
+        layers = getattr(cache, "layers", None) or []
+        layer = layers[self.layer_idx] if len(layers) > self.layer_idx else None
+        if isinstance(layer, StaticSlidingWindowLayer) and not layers[0].is_sliding:
+            start = sliding_positions(layer, kv_length)  # layer 0's buffer: position p at p
+            return borrowed[..., start : start + kv_length, :]
         if borrowed.shape[-2] != kv_length:
             borrowed = borrowed[..., -kv_length:, :]
         return borrowed

@@ -28,13 +28,11 @@ from .modeling_skipv1_core import (
     SkipV1ForCausalLMMixin,
     SkipV1ModelMixin,
     SkipV1PreTrainedMixin,
-    SkipV1StaticLayer,
     TPValueHeads,
     check_value_projection_rows,
     expose_in_transformers,
-    unused_value_heads,
-    use_skipv1_static_layers,
 )
+from .static_cache_skipv1 import SkipV1StaticLayer, unused_value_heads, use_skipv1_static_layers
 
 
 class SkipV1LlamaAttention(SkipV1AttentionMixin, LlamaAttention):
