@@ -59,6 +59,7 @@ class Arm:
     calib_distill_steps: int | None = None  # `convert --calib-distill-steps`; None: convert's
     budget_pct: float = 15.0  # training tokens, % of T; the lr schedule ends there
     batch_scale: float = 1.0  # tokens per optimizer step as a multiple of the scale's (same tokens)
+    hidden: float = 0.0  # distill.hidden: weight of the hidden-state term (0: none)
 
 
 ARMS = {
@@ -156,6 +157,9 @@ ARMS["T"] = _variant(
 # (T)'s strong pull to the teacher early, (V)'s weaker one (or none) late
 ARMS["AA"] = _variant("V", "V with alpha 0.9 -> 0.5 over the run", alpha=0.9, alpha_end=0.5)
 ARMS["AB"] = _variant("V", "V with alpha 0.9 -> 0 over the run", alpha=0.9, alpha_end=0.0)
+# the hidden-state term (each layer's output pulled to the source's), on the best 2.5%-of-T arm
+ARMS["AC"] = _variant("T", "T with the hidden-state term, beta 1", seeds=SEEDS, hidden=1.0)
+ARMS["AD"] = _variant("T", "T with the hidden-state term, beta 10", seeds=SEEDS, hidden=10.0)
 SKIPV1_ARMS = [a for a, spec in ARMS.items() if spec.init not in (None, "gqa")]
 
 
@@ -320,6 +324,7 @@ def recipe(
             "alpha": arm.alpha,
             "temperature": arm.temperature,
             "alpha_end": arm.alpha_end,
+            "hidden": arm.hidden,
         },
         "export": pretrain,
     }
@@ -856,7 +861,9 @@ started under `nice`):
   (AB) (V) with the KL weight moving linearly from 0.9 to 0.5 and to 0 over the run
   (`distill.alpha_end`). (R), (U)
   and (Z) are the MHA control at 2x lr, at half the batch, and with both (V's settings): the
-  control's own response to the same settings.
+  control's own response to the same settings. (AC) and (AD): (T) with the hidden-state term
+  (`distill.hidden` = beta 1 and 10: every layer's output pulled to the source's, the mean
+  over layers of ||h - h_source||^2 / ||h_source||^2, `skipv1/uptrain/distill.py`).
 - Conversion compute: an estimate of the conversion's FLOPs as a share of the source's
   pretraining FLOPs (`conversion_compute`: 2 x params per calibration token and stream, two
   streams for `reconstruct`, plus 8 x params per token of its attention distillation, 4

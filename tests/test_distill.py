@@ -1,6 +1,7 @@
 """Distillation in uptraining: the loss itself, the frozen teacher, recipe errors, and one real
 2-rank DeepSpeed run with `distill.teacher` set (in test_uptrain_deepspeed.py)."""
 
+import copy
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from test_uptrain_deepspeed import STEPS, finish, uptrain, workdir  # noqa: F401
 from transformers import LlamaForCausalLM
 
 from skipv1.errors import SkipV1Error
-from skipv1.uptrain.distill import alpha_at, distillation_loss
+from skipv1.uptrain.distill import alpha_at, distillation_loss, hidden_state_loss
 from skipv1.uptrain.engine import DistEnv
 from skipv1.uptrain.metrics import read_metrics
 from skipv1.uptrain.recipe import load_recipe
@@ -48,7 +49,7 @@ def test_kl_term_matches_its_definition():
     assert torch.allclose(out.loss, 0.7 * out.ce + 0.3 * 4 * kl, atol=1e-6)
 
 
-def test_gradient_flows_only_to_the_student(tmp_path):
+def micro_step_trainer(tmp_path, *overrides, student=None):
     """The trainer's own teacher loading and micro-step, with the engine replaced by the bare
     student (DeepSpeed's forward/backward do the same on one process)."""
     torch.manual_seed(0)
@@ -62,6 +63,7 @@ def test_gradient_flows_only_to_the_student(tmp_path):
             "budget.tokens=16",
             "batch.global_batch_tokens=16",
             f"distill.teacher={tmp_path / 'teacher'}",
+            *overrides,
         ],
     )
     trainer = UptrainRecipe.__new__(UptrainRecipe)
@@ -70,15 +72,45 @@ def test_gradient_flows_only_to_the_student(tmp_path):
     trainer.run_dir = tmp_path
     trainer.teacher_dir = trainer._teacher_dir()
     trainer.teacher = trainer._load_teacher()
-    student = LlamaForCausalLM(tiny_config()).train()
+    student = (student or LlamaForCausalLM(tiny_config())).train()
     student.backward = lambda loss: loss.backward()  # what the engine's backward amounts to
     trainer.engine = student
+    return trainer, student
+
+
+def test_gradient_flows_only_to_the_student(tmp_path):
+    trainer, student = micro_step_trainer(tmp_path)
     ids = torch.randint(0, 320, (2, 16))
     loss, kl = trainer._micro_step(ids)
     assert math.isfinite(loss.item()) and kl.item() > 0
     assert not trainer.teacher.training
     assert all(not p.requires_grad and p.grad is None for p in trainer.teacher.parameters())
     assert all(p.grad is not None for p in student.parameters())
+
+
+def test_the_hidden_state_term_is_zero_for_the_teacher_and_matches_its_definition():
+    g = torch.Generator().manual_seed(0)
+    teacher = tuple(torch.randn(2, 5, 8, generator=g) * (1 + k) for k in range(4))
+    assert hidden_state_loss(tuple(t.clone() for t in teacher), teacher).item() == 0
+    student = tuple(t + torch.randn(t.shape, generator=g) for t in teacher)
+    pairs = list(zip(student, teacher, strict=True))[1:]  # the embeddings are not a layer's
+    want = torch.stack([(((s - t) ** 2).sum(-1) / (t**2).sum(-1)).mean() for s, t in pairs]).mean()
+    torch.testing.assert_close(hidden_state_loss(student, teacher), want)
+
+
+def test_the_micro_step_adds_the_hidden_state_term_only_off_the_teacher(tmp_path):
+    ids = torch.randint(0, 320, (2, 16), generator=torch.Generator().manual_seed(3))
+    trainer, student = micro_step_trainer(tmp_path, "distill.hidden=1", "distill.alpha=1")
+    twin = copy.deepcopy(trainer.teacher).requires_grad_(True)  # its dtype (the recipe's)
+    trainer.engine = twin.train()
+    twin.backward = lambda loss: loss.backward()
+    loss, kl = trainer._micro_step(ids)  # the student is the teacher: KL and hidden term 0
+    assert abs(loss.item()) < 1e-6 and abs(kl.item()) < 1e-6
+    trainer.engine = student
+    with_hidden, kl = trainer._micro_step(ids)
+    plain, _ = micro_step_trainer(tmp_path / "plain", "distill.alpha=1", student=student)
+    without, _ = plain._micro_step(ids)
+    assert with_hidden.item() > without.item() + 1e-3 and torch.allclose(kl, without)
 
 
 @pytest.mark.parametrize(
@@ -88,6 +120,8 @@ def test_gradient_flows_only_to_the_student(tmp_path):
         ("distill.temperature=0", "`distill.temperature` is 0.0: it must be positive"),
         ("distill.alpha_end=-1", "`distill.alpha_end` is -1: it must be in [0, 1]"),
         ("distill.teacher=/nonexistent/teacher", "`distill.teacher` /nonexistent/teacher is not"),
+        ("distill.hidden=-1", "`distill.hidden` is -1"),
+        ("distill.hidden=1", "`distill.hidden` needs `distill.teacher`"),
     ],
 )
 def test_bad_distill_settings_are_recipe_errors(workdir, override, message):  # noqa: F811

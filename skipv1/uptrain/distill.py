@@ -1,7 +1,8 @@
 """Distillation from a frozen teacher (the source model) during uptraining.
 
 loss = (1 - alpha) * CE(student, next token)
-       + alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)),
+       + alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T))
+       [+ beta * hidden-state term, `hidden_state_loss`],
 
 both terms averaged over the same predicted tokens (positions 0..n-2 of each block predict
 tokens 1..n-1, as in the model's own loss). The T^2 factor keeps the KL gradient on the scale of
@@ -68,3 +69,16 @@ def distillation_loss(
     kl = F.kl_div(student_lp, teacher_lp, reduction="batchmean", log_target=True)
     loss = (1 - alpha) * ce + alpha * temperature**2 * kl
     return DistillLoss(loss, ce.detach(), kl.detach())
+
+
+def hidden_state_loss(student: tuple, teacher: tuple) -> torch.Tensor:
+    """Mean over decoder layers of ||h_s - h_t||^2 / ||h_t||^2 (sums over the hidden size, mean
+    over tokens): each layer's residual stream pulled to the teacher's, scale-free across layers
+    whose norms differ by orders of magnitude. `student` and `teacher` are the models'
+    `hidden_states` (the embeddings first, which SkipV1 does not change: skipped). Zero when the
+    student computes the teacher's function."""
+    terms = [
+        (s.float() - t.float()).pow(2).sum(-1) / t.float().pow(2).sum(-1).clamp_min(1e-12)
+        for s, t in zip(student[1:], teacher[1:], strict=True)
+    ]
+    return torch.stack([term.mean() for term in terms]).mean()

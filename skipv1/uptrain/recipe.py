@@ -216,6 +216,9 @@ class DistillSection(Section):
     # alpha moves linearly from `alpha` (first step) to this (last step); null: constant
     alpha_end: Float | None = Field(None, ge=0, le=1)
     temperature: Float = Field(1.0, gt=0)  # T, applied to both logits
+    # beta: weight of the hidden-state term (each layer's output pulled to the teacher's,
+    # distill.hidden_state_loss) added to the loss; 0: none
+    hidden: Float = Field(0.0, ge=0)
 
 
 class Recipe(Section):
@@ -246,6 +249,8 @@ class Recipe(Section):
             )
         if self.model.calib_data is None:
             self.model.calib_data = self.data.train
+        if self.distill.hidden and self.distill.teacher is None:
+            raise ValueError("`distill.hidden` needs `distill.teacher` (`source` or a directory)")
         b = self.budget
         if (b.tokens is None) == (b.fraction is None):
             raise ValueError("set exactly one of `budget.tokens` and `budget.fraction`")

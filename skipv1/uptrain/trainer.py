@@ -24,7 +24,7 @@ from ..modeling.layout import count_parameters
 from ..units import torch_dtype
 from . import checkpointing
 from .data import load_blocks, make_train_batches, rank_micro_batches
-from .distill import alpha_at, distillation_loss
+from .distill import alpha_at, distillation_loss, hidden_state_loss
 from .engine import (
     deepspeed_config,
     dist_env,
@@ -234,15 +234,22 @@ class UptrainRecipe:
             loss = self.engine(input_ids=ids, labels=ids, use_cache=False).loss
             self.engine.backward(loss)
             return loss.detach(), None
+        d = self.recipe.distill
+        hidden = dict(output_hidden_states=True) if d.hidden else {}
         with torch.no_grad():
-            teacher_logits = self.teacher(input_ids=ids, use_cache=False).logits
-        student_logits = self.engine(input_ids=ids, use_cache=False).logits
+            teacher_out = self.teacher(input_ids=ids, use_cache=False, **hidden)
+        student_out = self.engine(input_ids=ids, use_cache=False, **hidden)
         out = distillation_loss(
-            student_logits, teacher_logits, ids, self._alpha(), self.recipe.distill.temperature
+            student_out.logits, teacher_out.logits, ids, self._alpha(), d.temperature
         )
-        del teacher_logits, student_logits
-        self.engine.backward(out.loss)
-        return out.loss.detach(), out.kl
+        loss = out.loss
+        if d.hidden:
+            loss = loss + d.hidden * hidden_state_loss(
+                student_out.hidden_states, teacher_out.hidden_states
+            )
+        del teacher_out, student_out
+        self.engine.backward(loss)
+        return loss.detach(), out.kl
 
     def _alpha(self) -> float:
         d = self.recipe.distill
