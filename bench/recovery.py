@@ -160,6 +160,8 @@ ARMS["AB"] = _variant("V", "V with alpha 0.9 -> 0 over the run", alpha=0.9, alph
 # the hidden-state term (each layer's output pulled to the source's), on the best 2.5%-of-T arm
 ARMS["AC"] = _variant("T", "T with the hidden-state term, beta 1", seeds=SEEDS, hidden=1.0)
 ARMS["AD"] = _variant("T", "T with the hidden-state term, beta 10", seeds=SEEDS, hidden=10.0)
+# the whole loss from the teacher (no next-token term), on the same arm
+ARMS["AE"] = _variant("T", "T with distillation only (alpha 1)", seeds=SEEDS, alpha=1.0)
 SKIPV1_ARMS = [a for a, spec in ARMS.items() if spec.init not in (None, "gqa")]
 
 
@@ -863,7 +865,8 @@ started under `nice`):
   and (Z) are the MHA control at 2x lr, at half the batch, and with both (V's settings): the
   control's own response to the same settings. (AC) and (AD): (T) with the hidden-state term
   (`distill.hidden` = beta 1 and 10: every layer's output pulled to the source's, the mean
-  over layers of ||h - h_source||^2 / ||h_source||^2, `skipv1/uptrain/distill.py`).
+  over layers of ||h - h_source||^2 / ||h_source||^2, `skipv1/uptrain/distill.py`); (AE): (T) with the
+  whole loss from the teacher (alpha 1, no next-token term).
 - Conversion compute: an estimate of the conversion's FLOPs as a share of the source's
   pretraining FLOPs (`conversion_compute`: 2 x params per calibration token and stream, two
   streams for `reconstruct`, plus 8 x params per token of its attention distillation, 4
