@@ -143,6 +143,7 @@ def test_zero3_run_with_a_teacher_logs_distill_kl(workdir, zero3_run):
         "alpha": 0.5,
         "alpha_end": None,
         "temperature": 1.0,
+        "hidden": 0.0,
     }
 
 
