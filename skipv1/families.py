@@ -110,6 +110,7 @@ class Family:
             "modeling_skipv1_core.py",
             "paged_cache_skipv1.py",
             "static_cache_skipv1.py",
+            "split_attention_skipv1.py",
         )
 
 

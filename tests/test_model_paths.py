@@ -211,3 +211,25 @@ def test_skipv1_export_wrapper_refuses_a_stock_model_with_a_pointer_to_transform
         SkipV1ExportableModuleWithStaticCache(stock)
     with pytest.raises(ValueError, match="TorchExportableModuleForDecoderOnlyLM"):
         SkipV1ExportableModuleForDecoderOnlyLM(stock)
+
+
+@pytest.mark.parametrize("heads, kv, s", [(4, 4, 2), (9, 3, 1)], ids=["mha", "gqa"])
+def test_sdpa_decode_of_a_padded_batch_matches_the_uncached_forward(heads, kv, s):
+    """Token steps under a padding mask (the decode attention's masked path) == the uncached
+    forward with the same mask, at every real position."""
+    model = random_skipv1(small_skipv1_config(heads=heads, kv=kv, s=s))
+    x = token_ids(batch=2, length=10)
+    mask = torch.ones_like(x)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        full = model(x, attention_mask=mask).logits
+        cache = DynamicCache(config=model.config)
+        steps = [model(x[:, :6], attention_mask=mask[:, :6], cache=cache, use_cache=True).logits]
+        for t in range(6, 10):
+            step = model(
+                x[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=cache, use_cache=True
+            )
+            steps.append(step.logits)
+    cached = torch.cat(steps, dim=1)
+    torch.testing.assert_close(cached[1], full[1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(cached[0, 3:], full[0, 3:], atol=1e-5, rtol=0)

@@ -9,7 +9,8 @@ and token-by-token decoding compute the same function. Later layers cache only t
 heads: that is the KV-cache saving.
 
 This file is copied next to converted weights (see `auto_map`), so it imports only torch,
-transformers, safetensors (their dependency) and its sibling paged-cache file.
+transformers, safetensors (their dependency) and its sibling files (paged and static caches,
+split attention).
 """
 
 import functools
@@ -35,6 +36,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from .paged_cache_skipv1 import paged_borrowed_values
 from .paged_cache_skipv1 import register as register_paged_cache
+from .split_attention_skipv1 import attend_split
 from .static_cache_skipv1 import (
     SkipV1StaticFirstSlidingLayer,
     sliding_positions,
@@ -341,15 +343,9 @@ class SkipV1AttentionMixin:
             borrowed = self.borrowed_values(first_layer_values, own, key_states.shape[2], cache)
             if self.value_blend is not None:
                 borrowed = self.value_blend(hidden_states, borrowed)
-            # Two attention calls over head slices instead of one over torch.cat([own, borrowed]):
-            # the concatenation would copy the layer's whole value cache at every decode step.
-            split = own * self.num_key_value_groups  # query heads served by the own KV heads
-            parts = [(query_states[:, split:], key_states[:, own:], borrowed)]
-            if own:  # a tensor-parallel rank may hold borrowed heads only
-                parts.insert(0, (query_states[:, :split], key_states[:, :own], value_states))
-            outputs, weights = zip(*(attend(*part) for part in parts), strict=True)
-            attn_output = torch.cat(outputs, dim=2)  # [batch, q_len, heads, d]
-            attn_weights = None if weights[0] is None else torch.cat(weights, dim=1)
+            attn_output, attn_weights = attend_split(
+                attend, query_states, key_states, value_states, borrowed, self.num_key_value_groups
+            )
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         return self.output(attn_output), attn_weights
 

@@ -1,0 +1,36 @@
+"""A later layer's attention over its own value heads and layer 0's borrowed ones, without
+concatenating them: the concatenation would copy the layer's whole value cache at every decode
+step (docs/results/attention_split.md measures both).
+
+The query heads split where the value heads do: the first `own x groups` query heads read the
+layer's own KV heads, the rest read the borrowed heads (with the layer's own keys). Two attention
+calls over those head slices, merged by head, give exactly the one call over concatenated values.
+
+Tried and dropped: for one query token with sdpa, calling torch's kernel directly instead of
+transformers' `sdpa_attention_forward` (skipping its per-call checks, with the same GQA kernel
+choice). Timed as a fourth way of `bench/attention_split.py` (since removed), 7 interleaved
+repeats, 2-core CPU: 68.4 vs 74.1 us per later layer at context 512 batch 1 (0.17 ms of a
+~64 ms SmolLM2 decode step), within 2% or noise at 4k and 16k: too little for a second copy of
+transformers' dispatch.
+
+This file is copied next to converted weights with the modeling files, so it imports only torch.
+"""
+
+from collections.abc import Callable
+
+import torch
+
+
+def attend_split(
+    attend: Callable, query, key, own_values, borrowed, groups: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`attend(query, key, value) -> (output [batch, q_len, heads, d], weights)` over the own and
+    the borrowed head slices; the outputs merged by head, in the layer's head order."""
+    own = own_values.shape[1]
+    split = own * groups  # query heads served by the own KV heads
+    parts = [(query[:, split:], key[:, own:], borrowed)]
+    if own:  # a tensor-parallel rank may hold borrowed heads only
+        parts.insert(0, (query[:, :split], key[:, :own], own_values))
+    outputs, weights = zip(*(attend(*part) for part in parts), strict=True)
+    attn_output = torch.cat(outputs, dim=2)
+    return attn_output, None if weights[0] is None else torch.cat(weights, dim=1)
