@@ -162,6 +162,11 @@ ARMS["AC"] = _variant("T", "T with the hidden-state term, beta 1", seeds=SEEDS, 
 ARMS["AD"] = _variant("T", "T with the hidden-state term, beta 10", seeds=SEEDS, hidden=10.0)
 # the whole loss from the teacher (no next-token term), on the same arm
 ARMS["AE"] = _variant("T", "T with distillation only (alpha 1)", seeds=SEEDS, alpha=1.0)
+# gradual conversion from the default init (the bridges of skipv1/uptrain/gradual.py undo its
+# refits at the start), on the best 2.5%-of-T arm: the ramp over the first half of the budget
+ARMS["AF"] = _variant(
+    "T", "T with gradual conversion from D's init over the first half", seeds=SEEDS, gradual=0.5
+)
 SKIPV1_ARMS = [a for a, spec in ARMS.items() if spec.init not in (None, "gqa")]
 
 
@@ -559,7 +564,7 @@ def summarize(root: Path, scale: Scale, source: Path, last: dict, command: str, 
         sys.exit("arm A (the MHA control) has not run: add it to --arms")
     src_ppl = arms["A"]["curves"][0][0][1]  # the source itself, on the same eval blocks
     for arm, info in arms.items():
-        start = ARMS[arm].gradual * 15  # % of T where the ramp ends
+        start = ARMS[arm].gradual * ARMS[arm].budget_pct  # % of T where the ramp ends
         info["step0"] = info["mean_curve"][0][1]
         info["reach"] = first_reach(info["mean_curve"], src_ppl, start)
         info["reach_per_seed"] = [first_reach(c, src_ppl, start) for c in info["curves"]]
@@ -840,7 +845,11 @@ started under `nice`):
   2 x params x tokens). Gradual conversion: `model.gradual_fraction: 0.3` from a `--init keep`
   conversion (`skipv1/uptrain/gradual.py`): the borrowed heads' values move linearly from the
   layer's own source values to layer 0's over the first 30% of the steps (4.5% of T; its
-  "reaches" column counts from there, when the model is a SkipV1 model). GQA: K and V heads
+  "reaches" column counts from there, when the model is a SkipV1 model). (AF): (T) with
+  `model.gradual_fraction: 0.5` from D's `reconstruct` checkpoint: besides the values, every
+  linear the conversion changed (o_proj and down_proj refits, the attention distillation's
+  q/k/v/o) adds (1 - m) x (source weight - converted weight) to its output, so step 0 is the
+  source's function and the ramp's end (1.25% of T) the SkipV1 model's. GQA: K and V heads
   mean-pooled in adjacent pairs (`skipv1.convert.gqa`), a plain Llama checkpoint.
 - Uptraining options (issue 12, item 1), one change each from (D), or from (E) for (J), on D's
   converted checkpoint, one seed: (H) only the attention modules train for the first third of

@@ -33,12 +33,17 @@ def logits(model, ids):
         return model(input_ids=ids, use_cache=False).logits
 
 
-def test_mix_goes_from_the_source_function_to_the_skipv1_function(source_and_keep):
-    src, keep = source_and_keep
+@pytest.mark.parametrize("init", ["keep", "reconstruct"])
+def test_mix_goes_from_the_source_function_to_the_skipv1_function(checkpoint, tmp_path, init):
+    """keep changes only the borrowed values; reconstruct also permutes heads and refits o_proj
+    and down_proj (and distils q/k/v/o), which the bridges undo at the start."""
+    src = checkpoint("src", num_key_value_heads=4)
+    converted = tmp_path / init
+    convert_checkpoint(src, converted, skip_heads=2, init=init, quiet=True)
     source = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    plain = AutoModelForCausalLM.from_pretrained(keep, dtype=torch.float32).eval()
-    student = AutoModelForCausalLM.from_pretrained(keep, dtype=torch.float32).eval()
-    gradual = GradualConversion(student, src, ramp_steps=4)
+    plain = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).eval()
+    student = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).eval()
+    gradual = GradualConversion(student, src, ramp_steps=4, model_dir=converted)
     ids = torch.randint(0, 320, (2, 24), generator=torch.Generator().manual_seed(0))
 
     assert gradual.mix_at(0) == 0 and gradual.mix_at(2) == 0.5 and gradual.mix_at(9) == 1
@@ -51,6 +56,24 @@ def test_mix_goes_from_the_source_function_to_the_skipv1_function(source_and_kee
     assert not torch.allclose(half, logits(plain, ids), atol=1e-4)
     gradual.set_step(4)
     assert torch.equal(logits(student, ids), logits(plain, ids))
+
+
+def test_reconstruct_start_needs_its_head_order(checkpoint, tmp_path):
+    """Without the conversion's record the bridges still start at the source, by larger
+    differences (every permuted head's q/k rows); with it, q/k/v are not bridged at all."""
+    src = checkpoint("src", num_key_value_heads=4)
+    converted = tmp_path / "rec"
+    convert_checkpoint(
+        src, converted, skip_heads=2, init="reconstruct", calib_distill_steps=0, quiet=True
+    )
+
+    def bridged(model_dir):
+        student = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
+        gradual = GradualConversion(student, src, ramp_steps=2, model_dir=model_dir)
+        return [sorted(blend.bridged) for blend in gradual.blends]
+
+    assert set(map(tuple, bridged(converted))) == {("mlp.down_proj", "self_attn.o_proj")}
+    assert any("self_attn.k_proj" in layer for layer in bridged(None))
 
 
 def test_blend_rows_are_frozen_and_not_part_of_the_skipv1_weights(source_and_keep):
@@ -129,13 +152,12 @@ def _recipe(tmp_path, **model) -> Path:
 
 def test_recipe_refuses_gradual_conversion_it_cannot_start_from_the_source(checkpoint, tmp_path):
     src = str(checkpoint("src"))
-    with pytest.raises(SkipV1Error, match="model.init: keep"):
-        load_recipe(_recipe(tmp_path, source=src, gradual_fraction=0.3))  # default init
     with pytest.raises(SkipV1Error, match="value rows"):
         load_recipe(_recipe(tmp_path, path=src, gradual_fraction=0.3))
     with pytest.raises(SkipV1Error, match="gradual_fraction` is 1.5"):
         load_recipe(_recipe(tmp_path, source=src, init="keep", gradual_fraction=1.5))
     assert load_recipe(_recipe(tmp_path, source=src, init="keep", gradual_fraction=0.3))
+    assert load_recipe(_recipe(tmp_path, source=src, gradual_fraction=0.3))  # default init
 
 
 def test_recipe_defaults_are_the_measured_best(tmp_path):

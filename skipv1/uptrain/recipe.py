@@ -25,7 +25,6 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..convert.inits import get_init
 from ..convert.options import CONVERT_DEFAULTS as CONVERT
 from ..convert.options import ConvertOptions
 from ..errors import SkipV1Error
@@ -348,11 +347,6 @@ def _check_gradual(r: Recipe) -> None:
     m = r.model
     if not m.gradual_fraction:
         return
-    if m.source is not None and not get_init(m.init).keeps_source_heads:
-        raise SkipV1Error(
-            f"`model.gradual_fraction` starts from the source's function only with `model.init: "
-            f"keep` (own heads = source heads, o_proj unchanged); it is {m.init!r}"
-        )
     local_source = m.source is not None and (Path(m.source) / "config.json").is_file()
     if not local_source and r.distill.teacher is None:
         raise SkipV1Error(

@@ -2,7 +2,6 @@
 export. The loop is in plain sight; DeepSpeed does partitioning, precision, accumulation and
 clipping. Every rank runs this same code (torchrun, the DeepSpeed launcher, or one process)."""
 
-import json
 import logging
 import math
 import os
@@ -18,7 +17,6 @@ import torch.distributed as dist
 from .. import faults
 from ..atomic_dir import make_writable_dir
 from ..checkpoint_info import check_supported, is_skipv1, read_config
-from ..convert.inits import get_init
 from ..errors import SkipV1Error
 from ..modeling.layout import count_parameters
 from ..units import torch_dtype
@@ -195,16 +193,9 @@ class UptrainRecipe:
         m = self.recipe.model
         if not is_skipv1(self.model_config):
             raise SkipV1Error("`model.gradual_fraction` needs a SkipV1 model to train")
-        provenance = self.model_dir / "skipv1_conversion.json"
-        init = json.loads(provenance.read_text()).get("init") if provenance.is_file() else None
-        if init is not None and not get_init(init).keeps_source_heads:
-            raise SkipV1Error(
-                f"`model.gradual_fraction` starts from the source's function only from a `--init "
-                f"keep` conversion; {self.model_dir} was converted with --init {init}"
-            )
         source = m.source if m.source and (Path(m.source) / "config.json").is_file() else None
         ramp = max(1, round(m.gradual_fraction * self.total_steps))
-        return GradualConversion(model, Path(source or self.teacher_dir), ramp)
+        return GradualConversion(model, Path(source or self.teacher_dir), ramp, self.model_dir)
 
     def _load_teacher(self) -> torch.nn.Module | None:
         """The frozen teacher, replicated whole on every rank (also under ZeRO-3: it is loaded

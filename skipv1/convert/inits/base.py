@@ -18,9 +18,6 @@ class Init:
     rule: ClassVar[str]  # the model card's "initialised as ..." ({groups}, {own_last} filled in)
     calibrated: ClassVar[bool] = False  # fitted on calibration text: needs the tokenizer
     uses_distill_steps: ClassVar[bool] = False  # takes --calib-distill-steps
-    # own heads are the source's heads 0..own-1 and nothing else changes: the converted model
-    # is the source with the borrowed heads' values swapped (gradual conversion starts there)
-    keeps_source_heads: ClassVar[bool] = False
     # `value_rows` also takes (and returns) an arrays.Array, a tensor as numpy bytes: convert
     # then reads a safetensors source without torch; otherwise it gets torch tensors
     takes_arrays: ClassVar[bool] = False

@@ -7,7 +7,6 @@ from .base import Init, register, split_heads
 class Keep(Init):
     name = "keep"
     rule = "source value heads 0..{own_last}"
-    keeps_source_heads = True
     takes_arrays = True
 
     def groups(self, num_kv_heads: int, skip_heads: int) -> tuple[tuple[int, ...], ...]:
