@@ -92,9 +92,16 @@ ARMS = {
         "reconstruct_sampled_calib",
         True,
     ),
+    "N": (
+        "M with gradual conversion over the first half of the steps (from the source's function)",
+        "reconstruct_sampled_calib",
+        True,
+    ),
 }
 # arms trained at a multiple of --lr (the report names it in the label)
 LR_SCALE = {"K": 4, "L": 4}
+# arms with gradual conversion: model.gradual_fraction (skipv1/uptrain/gradual.py)
+GRADUAL = {"N": 0.5}
 # text sampled from the source (seed 0, SEQ_LEN-token samples decoded to text): arm I's
 # calibration and training text; every other arm trains on GCIDE (train.jsonl)
 SELF_TEXT = "self_text.jsonl"
@@ -171,11 +178,12 @@ def recipe(
     lr: float,
     teacher: Path | None = None,
     train: str = "train.jsonl",
+    gradual: float = 0.0,
 ):
-    """Every arm runs this recipe; only `model.path`, the teacher and (arm I) the training
-    text differ."""
+    """Every arm runs this recipe; only `model.path`, the teacher, (arm I) the training text
+    and (arm N) the gradual conversion differ."""
     return {
-        "model": {"path": str(model), "dtype": "float32"},
+        "model": {"path": str(model), "dtype": "float32", "gradual_fraction": gradual},
         "data": {
             "train": str(data / train),
             "eval": str(data / "eval.jsonl"),
@@ -329,7 +337,9 @@ cores):
   to the source's predictions, `distill.teacher` = the source): `skipv1 uptrain`,
   **{args.tokens:,} tokens** ({args.tokens // BATCH_TOKENS} steps x {BATCH_TOKENS:,} tokens,
   sequences of {SEQ_LEN}) of GCIDE dictionary text (documents of {LINES_PER_DOC} lines from the
-  whole dictionary; (I) instead trains on its calibration file, the source's own samples), the same batches in the same order for every arm (`data.seed: 2`); AdamW peak
+  whole dictionary; (I) instead trains on its calibration file, the source's own samples;
+  (N) trains M's checkpoint with `model.gradual_fraction: 0.5`: its step 0 is the source's
+  function, the conversion's changes ramped in over the first half of the steps), the same batches in the same order for every arm (`data.seed: 2`); AdamW peak
   lr {args.lr:g} (arms K and L: 4x that), 10% warmup, cosine to 10%, weight decay 0.1, clip 1.0, fp32, one process
   (ZeRO-0). That is {args.tokens / PRETRAINING_TOKENS:.1e} of SmolLM2's 2T pretraining tokens.
 - Evaluation: perplexity on the first {args.eval_blocks} blocks of {SEQ_LEN} tokens of the King
@@ -416,6 +426,7 @@ def main() -> None:
             args.lr * LR_SCALE.get(arm, 1),
             teacher,
             TRAIN_TEXT.get(arm, "train.jsonl"),
+            GRADUAL.get(arm, 0.0),
         )
         out = work / "arms" / arm
         stage(out / "DONE", f"arm {arm}: {label}", lambda c=config, o=out: uptrain(c, o))
