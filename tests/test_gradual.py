@@ -90,15 +90,19 @@ def test_blend_rows_are_frozen_and_not_part_of_the_skipv1_weights(source_and_kee
 
 
 @pytest.mark.distributed  # a DeepSpeed run in a child process
+@pytest.mark.parametrize(
+    "init, zero, ranks",
+    [("keep", 0, 1), ("reconstruct", 3, 2)],  # ZeRO-3: the bridges read partitioned weights
+)
 def test_uptrain_with_gradual_conversion_exports_the_trained_skipv1_function(
-    source_and_keep, tmp_path, cli
+    checkpoint, tmp_path, cli, init, zero, ranks
 ):
-    src, _ = source_and_keep
+    src = checkpoint("src", num_key_value_heads=4)
     corpus = write_corpus(tmp_path)
     recipe = {
         "model": {
             "source": str(src),
-            "init": "keep",
+            "init": init,
             "skip_heads": 2,
             "dtype": "float32",
             "gradual_fraction": 0.5,
@@ -111,13 +115,15 @@ def test_uptrain_with_gradual_conversion_exports_the_trained_skipv1_function(
         "budget": {"tokens": 4 * 512},
         "batch": {"global_batch_tokens": 512, "micro_batch_size": 4},
         "optim": {"lr": 3e-3, "warmup_fraction": 0.0},
-        "deepspeed": {"zero_stage": 0},
+        "deepspeed": {"zero_stage": zero},
         "eval": {"every": 1, "blocks": 4},
         "log": {"progress": False, "tensorboard": False},
     }
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     run = tmp_path / "run"
-    result = cli.process("uptrain", tmp_path / "r.yaml", "--run-dir", run, "--quiet", timeout=300)
+    result = cli.process(
+        "uptrain", tmp_path / "r.yaml", "--run-dir", run, "--nproc", ranks, "--quiet", timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
     records = read_metrics(run)
