@@ -71,20 +71,14 @@ class Calibration:
         if layer not in self.layers:
             return tensor
         fit, d = self.layers[layer], self.head_dim
-        query_order = [h * self.group + r for h in fit.order for r in range(self.group)]
-        if proj == "q_norm":
-            return _take_heads(tensor, query_order, d, dim=0)
-        if proj == "k_norm":
-            return _take_heads(tensor, fit.order, d, dim=0)
-        if proj == "q_proj":
-            return _take_heads(tensor, query_order, d, dim=0)
-        if proj == "k_proj":
-            return _take_heads(tensor, fit.order, d, dim=0)
         if proj == "v_proj":
-            return _take_heads(tensor, fit.order[: self.num_kv_heads - self.skip_heads], d, dim=0)
+            own = self.num_kv_heads - self.skip_heads
+            return heads_in_order("v_proj", tensor, fit.order[:own], self.group, d)
+        if proj != "o_proj":
+            return heads_in_order(proj, tensor, fit.order, self.group, d)
         if tensor.dim() == 1:  # o_proj bias: one per output feature, untouched by head order
             return tensor
-        out = _take_heads(tensor, query_order, d, dim=1).clone()
+        out = heads_in_order("o_proj", tensor, fit.order, self.group, d)
         for q, columns in fit.o_proj_columns.items():
             out[:, q * d : (q + 1) * d] = columns.to(out.dtype)
         return out
@@ -104,6 +98,20 @@ class Calibration:
 def _take_heads(tensor: torch.Tensor, heads: list[int], d: int, dim: int) -> torch.Tensor:
     index = torch.tensor([h * d + i for h in heads for i in range(d)], dtype=torch.long)
     return tensor.index_select(dim, index).contiguous()
+
+
+def heads_in_order(proj: str, tensor: torch.Tensor, order: list[int], group: int, d: int):
+    """A later layer's attention tensor with its KV heads in `order` (each head's `group` query
+    heads follow it): q/k/v rows, o_proj's weight columns, and the weights of q/k norms over the
+    whole projection; anything else (o_proj's bias) is returned as it is."""
+    queries = [h * group + r for h in order for r in range(group)]
+    if proj in ("q_proj", "q_norm"):
+        return _take_heads(tensor, queries, d, dim=0)
+    if proj in ("k_proj", "k_norm", "v_proj"):
+        return _take_heads(tensor, order, d, dim=0)
+    if proj == "o_proj" and tensor.dim() == 2:
+        return _take_heads(tensor, queries, d, dim=1)
+    return tensor
 
 
 def calibrate(

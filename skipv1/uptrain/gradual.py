@@ -71,7 +71,7 @@ class GradualConversion:
         self.blends: list[ValueBlend] = []
         config = model.config
         orders = head_orders(model_dir)
-        source = source_layer_tensors(source_dir, config.num_hidden_layers)
+        weights = source_weights(source_dir)
         for i, layer in enumerate(model.model.layers):
             if i == 0:
                 continue
@@ -81,7 +81,7 @@ class GradualConversion:
                     "trust_remote_code, or convert again with this version)"
                 )
             order = orders.get(i, list(range(config.num_key_value_heads)))
-            ordered = _in_head_order(source[i], order, config)
+            ordered = _in_head_order(source_layer(weights, i), order, config)
             blend = self._attach(layer, ordered, config, i)
             self.blends.append(blend)
         self.set_step(0)
@@ -185,29 +185,23 @@ def head_orders(model_dir) -> dict[int, list[int]]:
 
 
 def _in_head_order(tensors: dict, order: list[int], config) -> dict:
-    """The source layer's tensors with q/k/v rows and o_proj columns in the converted order."""
-    from ..convert.calibrate import _take_heads
+    """The source layer's tensors with their heads in the converted order (calibrate.py's rule);
+    a per-head q/k norm (one head_dim weight shared by all heads) does not move."""
+    from ..convert.calibrate import heads_in_order
 
     d, group = config.head_dim, config.num_attention_heads // config.num_key_value_heads
-    queries = [h * group + r for h in order for r in range(group)]
-    by_heads = {"q_proj": (queries, 0), "k_proj": (order, 0), "v_proj": (order, 0)}
     out = {}
     for name, tensor in tensors.items():
-        proj = name.split(".")[-2]
-        if name == "self_attn.o_proj.weight":
-            tensor = _take_heads(tensor, queries, d, dim=1)
-        elif name.startswith("self_attn.") and proj in by_heads:
-            heads, dim = by_heads[proj]
-            tensor = _take_heads(tensor, heads, d, dim=dim)
-        elif name.startswith("self_attn.") and proj in ("q_norm", "k_norm") and tensor.numel() > d:
-            tensor = _take_heads(tensor, queries if proj == "q_norm" else order, d, dim=0)
+        module, _, proj = name.rpartition(".")[0].partition(".")
+        if module == "self_attn" and tensor.numel() > d:
+            tensor = heads_in_order(proj, tensor, order, group, d)
         out[name] = tensor
     return out
 
 
-def source_layer_tensors(source_dir: Path, layers: int) -> dict[int, dict[str, torch.Tensor]]:
-    """{layer: {name within the layer: tensor}} of a local source checkpoint, layers >= 1."""
-    from ..convert.reader import iter_tensors, scan_weights
+def source_weights(source_dir: Path):
+    """The local source checkpoint's index (read layer by layer: one layer in memory at a time)."""
+    from ..convert.reader import scan_weights
 
     source_dir = Path(source_dir)
     if not (source_dir / "config.json").is_file():
@@ -215,21 +209,19 @@ def source_layer_tensors(source_dir: Path, layers: int) -> dict[int, dict[str, t
             f"gradual conversion reads the source's later layers from {source_dir}, which is not "
             "a local checkpoint directory: set `model.source` (or `distill.teacher`) to one"
         )
-    weights = scan_weights(source_dir)
-    prefixes = {f"model.layers.{i}.": i for i in range(1, layers)}
-    found: dict[int, dict[str, torch.Tensor]] = {i: {} for i in range(1, layers)}
-    names = {n for n in weights.refs if _layer_prefix(n) in prefixes}
-    for name, tensor in iter_tensors(weights, names):
-        prefix = _layer_prefix(name)
-        found[prefixes[prefix]][name[len(prefix) :]] = tensor
-    for i, tensors in found.items():
-        if "self_attn.v_proj.weight" not in tensors:
-            raise SkipV1Error(f"{source_dir} has no model.layers.{i}.self_attn.v_proj.weight")
-    return found
+    return scan_weights(source_dir)
 
 
-def _layer_prefix(name: str) -> str:
-    return ".".join(name.split(".")[:3]) + "."
+def source_layer(weights, i: int) -> dict[str, torch.Tensor]:
+    """{name within the layer: tensor} of the source's layer i."""
+    from ..convert.reader import iter_tensors
+
+    prefix = f"model.layers.{i}."
+    names = {n for n in weights.refs if n.startswith(prefix)}
+    tensors = {name[len(prefix) :]: t for name, t in iter_tensors(weights, names)}
+    if "self_attn.v_proj.weight" not in tensors:
+        raise SkipV1Error(f"{weights.root} has no {prefix}self_attn.v_proj.weight")
+    return tensors
 
 
 BLEND_MARKER = f".{BLEND_MODULE}."  # in the names of the gradual-conversion tensors, which the

@@ -350,8 +350,9 @@ def _check_gradual(r: Recipe) -> None:
     local_source = m.source is not None and (Path(m.source) / "config.json").is_file()
     if not local_source and r.distill.teacher is None:
         raise SkipV1Error(
-            "`model.gradual_fraction` reads the source's value rows: set `model.source` to a local "
-            "checkpoint directory or `distill.teacher` to the source"
+            "`model.gradual_fraction` reads the source's later layers (value rows, changed "
+            "weights): set `model.source` to a local checkpoint directory or `distill.teacher` to "
+            "the source"
         )
 
 
