@@ -13,11 +13,11 @@ repeats, 2-core CPU: 68.4 vs 74.1 us per later layer at context 512 batch 1 (0.1
 ~64 ms SmolLM2 decode step), within 2% or noise at 4k and 16k: too little for a second copy of
 transformers' dispatch.
 
-Where the second call's fixed cost goes (torch.profiler over one decode step of SmolLM2's shape
-at context 512, batch 1, random weights, `bench/serving.py`'s models): 7,237 aten ops against
-the source's 6,245, about 34 more per later layer, nearly all views (as_strided, transpose,
-slice: sdpa's own reshapes of its inputs and output, and the head slices here) of ~1 us each
-on this CPU: the ~27 us per layer that docs/results/attention_split.md shows at short context.
+Where the second call's fixed cost goes (`bench/decode_ops.py`, docs/results/decode_ops.md: one
+decode step of SmolLM2's shape at context 512, batch 1): 7,227 aten ops against the source's
+6,235, 34 more per later layer, nearly all views (as_strided, transpose, slice: sdpa's own
+reshapes of its inputs and output, and the head slices here) at about 1 us each on this CPU,
+which is most of the 30 us per layer (77.6 vs 47.8) of docs/results/attention_split.md at 512.
 
 This file is copied next to converted weights with the modeling files, so it imports only torch.
 """
