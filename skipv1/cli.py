@@ -10,10 +10,12 @@ from rich.table import Table
 from .checkpoint_info import describe
 from .console import cli_command, stdout
 from .convert.inits import DEFAULT_INIT
+from .families import SOURCE_NAMES
 
 app = typer.Typer(
     name="skipv1",
-    help="Convert Llama-family checkpoints to SkipV1Former, uptrain them, and evaluate them.",
+    help=f"Convert pretrained decoder checkpoints ({SOURCE_NAMES}) to SkipV1Former, uptrain "
+    "them, and evaluate them.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -124,7 +126,7 @@ def _register_subcommands() -> None:
     from .evaluate.command import eval_command
     from .uptrain.command import export, prepare_data, uptrain
 
-    app.command()(convert)
+    app.command(help=f"Convert a {SOURCE_NAMES} checkpoint to SkipV1Former.")(convert)
     app.command(name="prepare-data")(prepare_data)
     app.command()(uptrain)
     app.command()(export)

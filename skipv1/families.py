@@ -196,6 +196,10 @@ QWEN3_MOE = Family(
 FAMILIES = (LLAMA, QWEN3, PHI3, GPT_NEOX, GPT2, OLMO2, MIXTRAL, QWEN3_MOE, GEMMA2, GEMMA3_TEXT)
 
 SOURCE_ARCHITECTURES = {arch: kind for f in FAMILIES for arch, kind in f.sources.items()}
+# For help texts: "Llama, Mistral, Qwen2, ..." (the source classes without their head's suffix)
+SOURCE_NAMES = ", ".join(
+    a.removesuffix("ForCausalLM").removesuffix("LMHeadModel") for a in SOURCE_ARCHITECTURES
+)
 # A config without `architectures` (older or hand-written ones) is recognised by its model_type,
 # which for every source kind above is transformers' model_type of that class.
 ARCHITECTURE_OF_MODEL_TYPE = {

@@ -12,6 +12,7 @@ from factories import make_checkpoint
 
 from skipv1.checkpoint_info import check_supported
 from skipv1.errors import SkipV1Error
+from skipv1.families import FAMILIES
 
 
 @pytest.fixture
@@ -301,3 +302,13 @@ def test_an_internal_error_is_one_line_exit_1_and_its_traceback_is_there_on_requ
     monkeypatch.setenv("SKIPV1_DEBUG", "1")
     result = cli(*args)
     assert result.exit_code == 1 and isinstance(result.exception, KeyError)
+
+
+@pytest.mark.parametrize("args", [(), ("convert",)])
+def test_help_names_every_source_family(cli, args):
+    """The help a user reads first lists what convert takes (from the family table, not by hand)."""
+    result = cli(*args, "--help")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.replace("│", " ").split())
+    for arch in (a for f in FAMILIES for a in f.sources):
+        assert arch.removesuffix("ForCausalLM").removesuffix("LMHeadModel") in text, arch

@@ -103,9 +103,9 @@ def convert_checkpoint(
     quiet: bool = False,
     **fields,
 ) -> dict:
-    """Converts a Llama/Mistral/Qwen2/Qwen3 checkpoint to SkipV1 and returns the summary that
-    `skipv1 convert --json` prints. `options`, or its fields as keywords (`init="keep"`), say
-    how. Raises SkipV1Error, before writing anything, on bad input."""
+    """Converts a checkpoint of a supported family (skipv1.families) to SkipV1 and returns the
+    summary that `skipv1 convert --json` prints. `options`, or its fields as keywords
+    (`init="keep"`), say how. Raises SkipV1Error, before writing anything, on bad input."""
     start = time.perf_counter()
     options = (options or ConvertOptions(**fields)).check()
     dst = Path(dst).expanduser().absolute()

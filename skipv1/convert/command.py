@@ -67,7 +67,7 @@ def convert(
         int, typer.Option(help="reconstruct/calibrated inits: tokens per calibration sequence.")
     ] = D.calib_seq_len,
 ) -> None:
-    """Convert a Llama/Mistral/Qwen2/Qwen3 checkpoint to SkipV1Former."""
+    """Convert a checkpoint of a supported family (skipv1.families) to SkipV1Former."""
     options = ConvertOptions(
         skip_heads=skip_heads,
         init=init,
