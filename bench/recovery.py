@@ -167,6 +167,12 @@ ARMS["AE"] = _variant("T", "T with distillation only (alpha 1)", seeds=SEEDS, al
 ARMS["AF"] = _variant(
     "T", "T with gradual conversion from D's init over the first half", seeds=SEEDS, gradual=0.5
 )
+# the two best changes together: (AD)'s hidden-state term from (L)'s larger conversion budget
+ARMS["AG"] = replace(
+    ARMS["AD"],
+    label="AD from L's conversion (8x calibration, 300 distillation steps)",
+    model_from="L",
+)
 SKIPV1_ARMS = [a for a, spec in ARMS.items() if spec.init not in (None, "gqa")]
 
 
@@ -875,7 +881,9 @@ started under `nice`):
   control's own response to the same settings. (AC) and (AD): (T) with the hidden-state term
   (`distill.hidden` = beta 1 and 10: every layer's output pulled to the source's, the mean
   over layers of ||h - h_source||^2 / ||h_source||^2, `skipv1/uptrain/distill.py`); (AE): (T) with the
-  whole loss from the teacher (alpha 1, no next-token term).
+  whole loss from the teacher (alpha 1, no next-token term); (AG): (AD) from (L)'s checkpoint
+  (8x the calibration tokens, 300 attention-distillation steps): the best loss and the best
+  conversion budget together.
 - Conversion compute: an estimate of the conversion's FLOPs as a share of the source's
   pretraining FLOPs (`conversion_compute`: 2 x params per calibration token and stream, two
   streams for `reconstruct`, plus 8 x params per token of its attention distillation, 4

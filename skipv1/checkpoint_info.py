@@ -98,8 +98,13 @@ def default_skip_heads(num_kv_heads: int) -> int:
 
 
 def describe(path: "str | Path", skip_v_heads: int | None = None) -> dict:
-    """Shape, parameters and KV bytes/token (bf16) of the source and SkipV1 layouts."""
-    config = read_config(path)
+    """Shape, parameters and KV bytes/token (bf16) of a checkpoint directory's source and
+    SkipV1 layouts."""
+    return describe_config(read_config(path), str(path), skip_v_heads)
+
+
+def describe_config(config: dict, label: str, skip_v_heads: int | None = None) -> dict:
+    """`describe` of a config read elsewhere (a GGUF's metadata, a Hub config.json)."""
     check_supported(config)
     layout = kv_layout(config)
     converted = is_skipv1(config)
@@ -116,7 +121,7 @@ def describe(path: "str | Path", skip_v_heads: int | None = None) -> dict:
     source_bytes = layout.with_skip(0).bytes_per_token(2)
     skip_bytes = layout.with_skip(s).bytes_per_token(2)
     return {
-        "path": str(path),
+        "path": label,
         "architecture": architecture(config),
         "is_skipv1": converted,
         "num_layers": layout.num_layers,

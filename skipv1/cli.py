@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .checkpoint_info import describe
+from .checkpoint_info import describe_config
 from .console import cli_command, stdout
 from .convert.inits import DEFAULT_INIT
 from .families import SOURCE_NAMES
@@ -25,7 +25,13 @@ app = typer.Typer(
 @app.command()
 @cli_command
 def inspect(
-    path: Annotated[Path, typer.Argument(help="Checkpoint directory (source or converted).")],
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="Checkpoint: a directory (source or converted), a source's .gguf file, a Hub id "
+            "(config.json alone is fetched) or builtin:smollm2."
+        ),
+    ],
     skip_heads: Annotated[
         int | None,
         typer.Option(
@@ -35,7 +41,9 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Describe a checkpoint from its config.json alone: shape, parameters, KV bytes/token."""
-    info = describe(path, skip_heads)
+    from .convert.api import locate_source, source_config
+
+    info = describe_config(source_config(locate_source(path, config_only=True)), path, skip_heads)
     if as_json:
         stdout.print_json(json.dumps(info))
         return

@@ -97,3 +97,30 @@ def test_inspect_skip_heads_out_of_range_is_refused(tmp_path, cli):
         result = cli("inspect", tmp_path / "m", "--skip-heads", s)
         assert result.exit_code == 2, (s, result.output)
         assert "out of range for 3 KV heads" in result.stderr, (s, result.stderr)
+
+
+def test_inspect_reads_a_gguf_from_its_metadata(tmp_path, cli):
+    """What convert takes, inspect takes: the real SmolLM2 GGUF (by path and by its built-in
+    name) describes as its HF config does, without dequantizing; a damaged GGUF and an uncached
+    Hub id offline are one-line errors."""
+    from skipv1.smollm2 import smollm2_gguf_path
+
+    expected = {"num_layers": 30, "num_heads": 9, "num_kv_heads": 3, "head_dim": 64}
+    for source in (smollm2_gguf_path(), "builtin:smollm2"):
+        result = cli("inspect", source, "--json")
+        assert result.exit_code == 0, result.output
+        info = json.loads(result.stdout)
+        assert {k: info[k] for k in expected} == expected
+        assert info["kv_bytes_per_token_skipv1_bf16"] == 19328
+        assert info["parameters"] == 134_515_008
+        assert info["path"] == str(source)
+    (tmp_path / "damaged.gguf").write_bytes(b"not a gguf file")
+    # the tests run with HF_HUB_OFFLINE=1 (conftest)
+    cases = {
+        tmp_path / "damaged.gguf": "could not be read by transformers' GGUF loader",
+        "no-such-org/no-such-model": "could not be fetched from the Hub",
+    }
+    for source, message in cases.items():
+        result = cli("inspect", source)
+        assert result.exit_code == 2, (source, result.output)
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -1,6 +1,7 @@
 """`convert_checkpoint`: validate everything up front, then stream the source into a SkipV1
 checkpoint inside a temporary workspace and rename it into place."""
 
+import contextlib
 import json
 import math
 import tempfile
@@ -20,6 +21,7 @@ from ..atomic_dir import (
 from ..checkpoint_info import check_supported, is_skipv1, read_config
 from ..console import byte_progress, console
 from ..errors import SkipV1Error
+from ..families import standard_fields
 from ..smollm2 import smollm2_gguf_path
 from ..units import BFLOAT16, BY_NAME, DType
 from .ahead import converted_ahead
@@ -141,7 +143,9 @@ def _warned(summary: dict) -> dict:
 # --- options and paths ------------------------------------------------------------------------
 
 
-def locate_source(src: "str | Path") -> Source:
+def locate_source(src: "str | Path", config_only: bool = False) -> Source:
+    """Where a source named by a directory, a .gguf file, a built-in name or a Hub id is
+    (config_only: of a Hub id, fetch config.json alone)."""
     text = str(src)
     if text in BUILTIN_SOURCES:
         return Source(text, BUILTIN_SOURCES[text]())
@@ -149,7 +153,7 @@ def locate_source(src: "str | Path") -> Source:
     if path.is_file() and path.suffix == ".gguf":
         return Source(text, path.absolute())
     if not path.exists() and is_hub_id(text):
-        return Source(text, download_from_hub(text), hub_id=text)
+        return Source(text, download_from_hub(text, config_only), hub_id=text)
     read_config(path)  # the one-line errors for missing / not a directory / no config.json
     return Source(text, path.absolute())
 
@@ -190,12 +194,30 @@ def check_source_config(config: dict, root: Path, trust_remote_code: bool) -> No
         )
 
 
+def source_config(source: Source) -> dict:
+    """The source's config.json fields; a GGUF's from its metadata (no weights read)."""
+    if not source.is_gguf:
+        return read_config(source.path)
+    from transformers import AutoConfig
+
+    with _gguf_reading(source.path):
+        config = AutoConfig.from_pretrained(source.path.parent, gguf_file=source.path.name)
+    return standard_fields(config.to_dict())
+
+
 def stage_gguf(gguf: Path, staging: Path) -> Path:
     """A GGUF file dequantized through transformers into an ordinary HF directory."""
     from ..smollm2 import export_gguf_as_hf
 
-    try:
+    with _gguf_reading(gguf):
         return export_gguf_as_hf(gguf, staging)
+
+
+@contextlib.contextmanager
+def _gguf_reading(gguf: Path) -> Iterator[None]:
+    """transformers' GGUF loader's errors (an unknown architecture, a damaged file) as one line."""
+    try:
+        yield
     except (ValueError, ImportError, OSError, KeyError) as err:
         raise SkipV1Error(
             f"{gguf} could not be read by transformers' GGUF loader ({err}): "

@@ -73,20 +73,22 @@ def is_hub_id(src: str) -> bool:
     return bool(HUB_ID.match(src)) and not Path(src).exists()
 
 
-def download_from_hub(repo_id: str) -> Path:
-    """snapshot_download of the files a conversion needs; offline -> a clear SkipV1Error."""
+def download_from_hub(repo_id: str, config_only: bool = False) -> Path:
+    """snapshot_download of the files a conversion needs (config_only: config.json alone, what
+    `inspect` reads); offline -> a clear SkipV1Error."""
     from huggingface_hub import constants, list_repo_files, snapshot_download
 
     skip = ["*.pth", "*.pt", "*.h5", "*.msgpack", "*.onnx", "*.gguf", "original/*"]
+    files = {"allow_patterns": ["config.json"]} if config_only else {"ignore_patterns": skip}
     hub_logger = logging.getLogger("huggingface_hub")
     level = hub_logger.level
     hub_logger.setLevel(logging.ERROR)  # its retry warnings would break the one-line error
     try:
         if constants.HF_HUB_OFFLINE:
-            return Path(snapshot_download(repo_id, local_files_only=True, ignore_patterns=skip))
-        if any(f.endswith(".safetensors") for f in list_repo_files(repo_id)):
+            return Path(snapshot_download(repo_id, local_files_only=True, **files))
+        if not config_only and any(f.endswith(".safetensors") for f in list_repo_files(repo_id)):
             skip.append("*.bin")
-        return Path(snapshot_download(repo_id, ignore_patterns=skip))
+        return Path(snapshot_download(repo_id, **files))
     except Exception as err:  # the hub client raises many kinds; all mean "not available"
         offline = constants.HF_HUB_OFFLINE or "offline" in str(err).lower()
         why = "the Hub is offline (HF_HUB_OFFLINE=1) and it is not cached" if offline else err
