@@ -372,6 +372,18 @@ BAD_INPUTS = {
     "bad budget": (lambda t, s: [s, "--kv-budget", "lots"], "--kv-budget lots is not a size"),
     "bad dtype": (lambda t, s: [s, "--dtype", "int3"], "unknown --dtype"),
     "plot not png": (lambda t, s: [s, "--plot", t / "x.jpg"], "must name a .png file"),
+    "damaged gguf": (
+        lambda t, s: [s, write(t / "damaged.gguf", "not a gguf")],
+        "could not be read by transformers' GGUF loader",
+    ),
+    "hub model uncached offline": (
+        lambda t, s: [s, "no-such-user/no-such-model"],
+        "no-such-user/no-such-model is not a local path and could not be fetched from the Hub",
+    ),
+    "lm-eval on a gguf": (
+        lambda t, s: [s, "builtin:smollm2", "--tasks", "hellaswag"],
+        "is a GGUF file: convert it",
+    ),
 }
 
 
@@ -394,3 +406,17 @@ def test_parse_bytes_reads_plain_and_suffixed_sizes():
     assert ConvertOptions(shard_size="16G").max_shard_bytes == 16 * 10**9
     with pytest.raises(SkipV1Error, match="--shard-size 0 is not a size"):
         parse_bytes("0", "--shard-size")
+
+
+@pytest.mark.smollm2
+def test_a_gguf_evaluates_as_its_hf_export(smollm2_dir, cli):
+    """What convert takes, eval takes: the SmolLM2 GGUF, dequantized as it loads, scores the same
+    text as the HF directory exported from it, with the same tokens and KV bytes."""
+    args = ["--max-tokens", "300", "--ctx", "128", "--no-speed", "--json", "-", "--quiet"]
+    result = cli("eval", "builtin:smollm2", smollm2_dir, *args)
+    assert result.exit_code == 0, result.output
+    gguf, hf = json.loads(result.stdout)["models"]
+    assert gguf["path"] == "builtin:smollm2"
+    assert gguf["eval_tokens"] == hf["eval_tokens"] > 0
+    assert gguf["kv_bytes_per_token"] == hf["kv_bytes_per_token"]
+    assert gguf["perplexity"] == pytest.approx(hf["perplexity"], rel=1e-5)

@@ -18,7 +18,7 @@ from ..packing import token_stream
 from ..textdata import iter_documents, parse_data_spec
 from .kv_memory import max_batch, measure_kv
 from .lm_eval_runner import run_lm_eval, task_manager
-from .loading import check_model_dir, load_model, max_positions, resolve_device, resolve_dtype
+from .loading import check_model, load_model, max_positions, resolve_device, resolve_dtype
 from .perplexity import perplexity, windows
 from .settings import EvalSettings
 from .speed import measure_speed
@@ -84,13 +84,20 @@ def _transformers_bars(enabled: bool):
             hf_logging.enable_progress_bar()
 
 
-def resolve_settings(paths: list[str], settings: EvalSettings) -> tuple[list[dict], EvalSettings]:
-    """Validates the settings against every model's config; fills in ctx and stride."""
+def resolve_settings(paths: list[str], settings: EvalSettings) -> tuple[list, EvalSettings]:
+    """Locates every model and validates the settings against its config ([(source, config)]);
+    fills in ctx and stride."""
     settings.validate()
     if not paths:
         raise SkipV1Error("give at least one checkpoint directory to evaluate")
-    configs = [check_model_dir(p) for p in paths]
-    limits = {str(p): max_positions(c) for p, c in zip(paths, configs, strict=True)}
+    checked = [check_model(p) for p in paths]
+    gguf = next((source.label for source, _ in checked if source.is_gguf), None)
+    if gguf and settings.tasks:
+        raise SkipV1Error(
+            f"--tasks runs lm-eval on checkpoint directories, and {gguf} is a GGUF file: "
+            "convert it (or load and save_pretrained it) and give that directory"
+        )
+    limits = {str(p): max_positions(c) for p, (_, c) in zip(paths, checked, strict=True)}
     smallest = min(limits.values())
     ctx = settings.ctx if settings.ctx is not None else min(DEFAULT_CTX, smallest)
     for path, limit in limits.items():
@@ -105,13 +112,14 @@ def resolve_settings(paths: list[str], settings: EvalSettings) -> tuple[list[dic
             )
     stride = settings.stride if settings.stride is not None else ctx
     resolved = EvalSettings(**{**settings.as_dict(), "ctx": ctx, "stride": stride}).validate()
-    return configs, resolved
+    return checked, resolved
 
 
 def evaluate_models(paths: list["str | Path"], settings: EvalSettings | None = None) -> dict:
     """{"settings": {...}, "models": [{...}, ...]}: see docs/eval.md for every field."""
     paths = [str(p) for p in paths]
-    configs, settings = resolve_settings(paths, settings or EvalSettings())
+    checked, settings = resolve_settings(paths, settings or EvalSettings())
+    configs = [config for _, config in checked]
     texts = None
     if not settings.skip_perplexity:
         texts = CachedTexts(settings.data)
@@ -122,14 +130,14 @@ def evaluate_models(paths: list["str | Path"], settings: EvalSettings | None = N
     prompt = _prompt(configs, settings)
 
     models = []
-    for path, config in zip(paths, configs, strict=True):
+    for path, (source, config) in zip(paths, checked, strict=True):
         with _transformers_bars(not settings.quiet):
-            entry = _evaluate_one(path, config, settings, texts, prompt, device, dtype)
+            entry = _evaluate_one(source, config, settings, texts, prompt, device, dtype)
         if manager is not None:
             if not settings.quiet:
                 console.print(f"[bold]{path}[/]: lm-eval {', '.join(settings.tasks)}")
             entry["lm_eval"] = run_lm_eval(
-                path,
+                str(source.path),
                 settings.tasks,
                 manager,
                 device=str(device),
@@ -150,8 +158,9 @@ def _prompt(configs: list[dict], settings: EvalSettings) -> torch.Tensor:
     return torch.randint(0, vocab, (settings.batch, settings.prompt_len), generator=generator)
 
 
-def _evaluate_one(path, config, settings, texts, prompt, device, dtype) -> dict:
-    loaded = load_model(path, device, dtype)
+def _evaluate_one(source, config, settings, texts, prompt, device, dtype) -> dict:
+    loaded = load_model(source, device, dtype)
+    path = source.label
     model = loaded.model
     entry = {
         "path": path,

@@ -19,9 +19,10 @@ OUT = "Output"
 @with_settings_options(EvalSettings)
 def eval_command(
     models: Annotated[
-        list[Path],
+        list[str],
         typer.Argument(
-            help="Checkpoint directories, source or SkipV1; the first is the reference."
+            help="Checkpoints, source or SkipV1: directories, or as convert takes a source (a "
+            ".gguf file, builtin:smollm2, a Hub id); the first is the reference."
         ),
     ],
     json_file: Annotated[

@@ -2,11 +2,15 @@
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..checkpoint_info import check_supported, read_config
+from ..checkpoint_info import check_supported
 from ..errors import SkipV1Error
+
+if TYPE_CHECKING:
+    from ..convert.api import Source
 
 
 @dataclass
@@ -31,42 +35,53 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-def check_model_dir(path: "str | Path") -> dict:
-    """Config and weight-file validation, run for every model before any weights are read, so
-    that a bad last model fails the run at once rather than after the others were measured."""
+def check_model(spec: "str | Path") -> tuple["Source", dict]:
+    """Where a model given as convert takes its source is (a directory, a .gguf file,
+    builtin:smollm2, a Hub id), and its config, validated with its weight files' headers; run for
+    every model before any weights are read, so that a bad last model fails the run at once
+    rather than after the others were measured."""
+    from ..convert.api import locate_source, source_config
     from ..convert.reader import scan_weights
 
-    config = read_config(path)
+    source = locate_source(spec)
+    config = source_config(source)
     check_supported(config)
-    scan_weights(Path(path))  # every shard's header, as convert checks them
-    return config
+    if not source.is_gguf:
+        scan_weights(source.path)  # every shard's header, as convert checks them
+    return source, config
 
 
 def max_positions(config: dict) -> int:
     return int(config.get("max_position_embeddings") or 2**31)
 
 
-def load_model(path: "str | Path", device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_model(source: "Source", device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """The model and its tokenizer; a GGUF dequantized as it loads (nothing written to disk)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     from ..auto_classes import register
 
     register()  # the SkipV1 classes with the Auto classes (done already if transformers was)
-
-    check_model_dir(path)
+    root, kwargs = source.path, {}
+    if source.is_gguf:
+        root, kwargs = source.path.parent, {"gguf_file": source.path.name}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(root, **kwargs)
     except (OSError, ValueError) as err:
         raise SkipV1Error(
-            f"{path} has no usable tokenizer ({_first_line(err)}): copy the source "
+            f"{source.label} has no usable tokenizer ({_first_line(err)}): copy the source "
             "checkpoint's tokenizer files next to the weights"
         ) from None
+    if source.is_gguf:
+        kwargs["quantization_config"] = GgufConfig(dequantize=True)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(root, dtype=dtype, **kwargs)
     except (OSError, ValueError) as err:
-        raise SkipV1Error(f"cannot load the weights of {path}: {_first_line(err)}") from None
+        raise SkipV1Error(
+            f"cannot load the weights of {source.label}: {_first_line(err)}"
+        ) from None
     model.to(device).eval()
-    return LoadedModel(str(path), model, tokenizer)
+    return LoadedModel(source.label, model, tokenizer)
 
 
 def _first_line(err: Exception) -> str:
