@@ -98,7 +98,8 @@ class ModelSection(Section):
     calib_seq_len: Int = CONVERT.calib_seq_len
     calib_distill_steps: Int = CONVERT.calib_distill_steps
     # > 0: gradual conversion over this fraction of the budget (skipv1/uptrain/gradual.py);
-    # needs `init: keep` and the source's weights (model.source or distill.teacher)
+    # any init (the weights it changed are bridged back to the source's at the start); needs the
+    # source's weights (model.source or distill.teacher)
     gradual_fraction: Float = Field(0.0, ge=0, le=1)
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"  # training precision
     gradient_checkpointing: bool = False
