@@ -2,6 +2,7 @@
 2-rank DeepSpeed run with `distill.teacher` set (in test_uptrain_deepspeed.py)."""
 
 import copy
+import json
 import math
 
 import pytest
@@ -16,6 +17,7 @@ from skipv1.uptrain.distill import alpha_at, distillation_loss, hidden_state_los
 from skipv1.uptrain.engine import DistEnv
 from skipv1.uptrain.metrics import read_metrics
 from skipv1.uptrain.recipe import load_recipe
+from skipv1.uptrain.teacher import resolve_teacher
 from skipv1.uptrain.trainer import UptrainRecipe
 
 
@@ -128,6 +130,25 @@ def test_bad_distill_settings_are_recipe_errors(workdir, override, message):  # 
     with pytest.raises(SkipV1Error) as err:
         load_recipe(workdir / "recipe.yaml", [override])
     assert str(err.value).startswith(message)
+
+
+@pytest.mark.smollm2  # dequantizes SmolLM2's GGUF (~20 s)
+def test_a_teacher_is_named_as_convert_names_a_source(workdir, tmp_path):  # noqa: F811
+    """`distill.teacher` takes a built-in name or a .gguf file (staged once into RUN_DIR/teacher,
+    then reused) and a Hub id (offline and uncached: the Hub's one-line error)."""
+    from skipv1.smollm2 import smollm2_gguf_path
+
+    recipe = load_recipe(workdir / "recipe.yaml", ["distill.teacher=builtin:smollm2"])
+    staged = resolve_teacher(recipe, tmp_path)
+    assert staged == tmp_path / "teacher"
+    assert json.loads((staged / "config.json").read_text())["num_hidden_layers"] == 30
+    written = (staged / "config.json").stat().st_mtime_ns
+    recipe = load_recipe(workdir / "recipe.yaml", [f"distill.teacher={smollm2_gguf_path()}"])
+    assert resolve_teacher(recipe, tmp_path) == staged
+    assert (staged / "config.json").stat().st_mtime_ns == written  # not staged again
+    recipe = load_recipe(workdir / "recipe.yaml", ["distill.teacher=no-such-user/no-such-model"])
+    with pytest.raises(SkipV1Error, match="could not be fetched from the Hub"):
+        resolve_teacher(recipe, tmp_path / "other")
 
 
 @pytest.mark.slow  # a child process: ~8 s of imports

@@ -29,6 +29,7 @@ from ..convert.options import CONVERT_DEFAULTS as CONVERT
 from ..convert.options import ConvertOptions
 from ..errors import SkipV1Error
 from .recipe_errors import one_line_error
+from .teacher import SOURCE, check_teacher
 
 DataSource = Any  # a data spec string or mapping, checked by skipv1.textdata
 
@@ -330,12 +331,8 @@ def check_recipe(r: Recipe) -> None:
     ds = r.deepspeed
     if ds.config is not None and not Path(ds.config).is_file():
         raise SkipV1Error(f"`deepspeed.config` {ds.config} does not exist: give a DeepSpeed JSON")
-    teacher = r.distill.teacher
-    if teacher not in (None, "source") and not (Path(teacher) / "config.json").is_file():
-        raise SkipV1Error(
-            f"`distill.teacher` {teacher} is not a checkpoint directory with a config.json: "
-            "give the source model's directory, `source`, or null to train without distillation"
-        )
+    if r.distill.teacher not in (None, SOURCE):
+        check_teacher(r.distill.teacher)
     resume = r.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).is_dir():
         raise SkipV1Error(

@@ -20,15 +20,14 @@ def source_of(recipe) -> str | None:
 
 
 def resolve_teacher(recipe, run_dir: Path) -> Path | None:
-    """The teacher's checkpoint directory (rank 0 stages a GGUF source into RUN_DIR/teacher)."""
+    """The teacher's checkpoint directory: `source` or a source as convert takes one (a directory,
+    a .gguf file, builtin:smollm2, a Hub id); rank 0 stages a GGUF into RUN_DIR/teacher."""
     teacher = recipe.distill.teacher
     if teacher is None:
         return None
-    if teacher != SOURCE:
-        return Path(teacher)
     from ..convert.api import locate_source, stage_gguf
 
-    src = source_of(recipe)
+    src = source_of(recipe) if teacher == SOURCE else teacher
     if src is None:
         raise SkipV1Error(
             "`distill.teacher: source` needs the run's source: set `model.source`, or give a "
@@ -41,3 +40,21 @@ def resolve_teacher(recipe, run_dir: Path) -> Path | None:
     if not (staged / "config.json").is_file():
         stage_gguf(located.path, staged)
     return staged
+
+
+def check_teacher(teacher: str) -> None:
+    """A `distill.teacher` other than `source` names a source convert could read (checked
+    without downloading or loading anything)."""
+    from ..convert.api import BUILTIN_SOURCES
+    from ..convert.reader import is_hub_id
+
+    path = Path(teacher).expanduser()
+    if teacher in BUILTIN_SOURCES or (path / "config.json").is_file() or is_hub_id(teacher):
+        return
+    if path.is_file() and path.suffix == ".gguf":
+        return
+    raise SkipV1Error(
+        f"`distill.teacher` {teacher} is not a checkpoint directory with a config.json, a .gguf "
+        "file, builtin:smollm2 or a Hub id: give the source model, `source`, or null to train "
+        "without distillation"
+    )
