@@ -484,3 +484,16 @@ def exported_greedy(exported, prompt: list[int], new_tokens: int) -> list[int]:
         if position >= len(prompt) - 1:
             tokens.append(int(logits[0, -1].argmax()))
     return tokens[len(prompt) :]
+
+
+def put_in_hub_cache(cache: Path, repo_id: str, checkpoint: Path) -> Path:
+    """Lays `checkpoint`'s files out as huggingface_hub's cache holds a downloaded model repo
+    (refs/main naming a snapshot), so that Hub ids resolve offline through the real hub client
+    (HF_HUB_OFFLINE=1 with HF_HUB_CACHE=cache). Returns the snapshot directory."""
+    commit = "0" * 40
+    repo = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(checkpoint, snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot

@@ -112,7 +112,7 @@ class UptrainRecipe:
         """`model.path`, or `model.source` converted once (rank 0) into RUN_DIR/converted."""
         m = self.recipe.model
         if m.path:
-            return Path(m.path)
+            return self._located(m.path)
         target = self.run_dir / "converted"
         if self.env.is_main and not (target / "config.json").is_file():
             from ..convert.api import convert_checkpoint
@@ -120,6 +120,21 @@ class UptrainRecipe:
             convert_checkpoint(m.source, target, m.convert_options(), quiet=True)
         _barrier()
         return target
+
+    def _located(self, name: str) -> Path:
+        """`model.path` as a directory: a Hub id is downloaded once (rank 0 first; the other
+        ranks then read the Hub cache)."""
+        from ..convert.api import locate_source
+
+        located = locate_source(name) if self.env.is_main else None
+        _barrier()
+        located = located or locate_source(name)
+        if located.is_gguf:
+            raise SkipV1Error(
+                f"`model.path` {name} is a GGUF file: set `model.source` to it instead (it is "
+                "dequantized and converted into the run directory)"
+            )
+        return located.path
 
     def _teacher_dir(self) -> Path | None:
         """distill.teacher as a directory (`source` resolved; rank 0 stages a GGUF first)."""
