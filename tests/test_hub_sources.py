@@ -7,8 +7,10 @@ import os
 
 import pytest
 import yaml
-from factories import make_checkpoint, make_skipv1_checkpoint, put_in_hub_cache, write_corpus
+from factories import make_checkpoint, put_in_hub_cache, write_corpus
 from huggingface_hub import constants
+
+from skipv1.uptrain.metrics import read_metrics
 
 REPO = "tiny-org/tiny-llama"
 
@@ -40,12 +42,16 @@ def test_inspect_convert_and_eval_take_a_cached_hub_id(hub, tmp_path, cli):
 
 
 @pytest.mark.distributed
-def test_uptrain_trains_a_checkpoint_named_by_hub_id(tmp_path, tokenizer_dir, cli, monkeypatch):
-    cache = tmp_path / "hub-cache"
-    make_skipv1_checkpoint(tmp_path / "model", skip_v_heads=2, tokenizer_dir=tokenizer_dir)
-    put_in_hub_cache(cache, "tiny-org/tiny-skipv1", tmp_path / "model")
+def test_uptrain_trains_a_checkpoint_named_by_hub_id(hub, tmp_path, cli):
+    """A conversion of REPO, itself on the Hub: `distill.teacher: source` finds REPO through
+    the provenance in its snapshot."""
+    result = cli("convert", REPO, tmp_path / "model", "--init", "mean", "--quiet")
+    assert result.exit_code == 0, result.output
+    cache = put_in_hub_cache(constants.HF_HUB_CACHE, "tiny-org/tiny-skipv1", tmp_path / "model")
+    cache = cache.parents[2]
     corpus = write_corpus(tmp_path, train=6, validation=2)
     recipe = {
+        "distill": {"teacher": "source"},
         "model": {"path": "tiny-org/tiny-skipv1", "dtype": "float32"},
         "data": {"train": str(corpus / "train.jsonl"), "eval": None, "seq_len": 32},
         "budget": {"tokens": 2 * 256},
@@ -61,6 +67,7 @@ def test_uptrain_trains_a_checkpoint_named_by_hub_id(tmp_path, tokenizer_dir, cl
     result = cli.process(*args, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run / "export" / "config.json").is_file()
+    assert any("distill_kl" in r for r in read_metrics(run))
     recipe["model"]["path"] = "tiny-org/not-in-the-cache"
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     result = cli.process(*args[:2], "--run-dir", tmp_path / "run2", "--quiet", timeout=300, env=env)

@@ -13,7 +13,9 @@ def source_of(recipe) -> str | None:
     """`model.source`, or the source recorded in a converted `model.path`'s provenance."""
     if recipe.model.source:
         return recipe.model.source
-    provenance = Path(recipe.model.path) / "skipv1_conversion.json"
+    from ..convert.api import locate_source
+
+    provenance = locate_source(recipe.model.path).path / "skipv1_conversion.json"
     if provenance.is_file():
         return json.loads(provenance.read_text()).get("source")
     return None
