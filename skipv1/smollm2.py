@@ -23,16 +23,21 @@ def smollm2_gguf_path() -> Path:
     raise SkipV1Error(f"package {PACKAGE} holds no .gguf file: reinstall it")
 
 
-def export_gguf_as_hf(gguf_path: Path, dst: Path) -> Path:
-    """Dequantizes a GGUF checkpoint and saves it as an ordinary HF checkpoint with its tokenizer."""
+def load_gguf(gguf_path: Path, **model_kwargs):
+    """(model, tokenizer) of a GGUF checkpoint through transformers, the weights dequantized."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     gguf_path = Path(gguf_path)
     kwargs = {"gguf_file": gguf_path.name}
     model = AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent, quantization_config=GgufConfig(dequantize=True), **kwargs
+        gguf_path.parent, quantization_config=GgufConfig(dequantize=True), **kwargs, **model_kwargs
     )
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+    return model, AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+
+
+def export_gguf_as_hf(gguf_path: Path, dst: Path) -> Path:
+    """Dequantizes a GGUF checkpoint and saves it as an ordinary HF checkpoint with its tokenizer."""
+    model, tokenizer = load_gguf(gguf_path)
     model.save_pretrained(dst)
     tokenizer.save_pretrained(dst)
     return Path(dst)

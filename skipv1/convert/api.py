@@ -143,18 +143,31 @@ def _warned(summary: dict) -> dict:
 # --- options and paths ------------------------------------------------------------------------
 
 
+def source_kind(src: "str | Path") -> str | None:
+    """How a source name is read, without reading it: "builtin", "gguf", "hub" or "dir" (None:
+    none of them)."""
+    text = str(src)
+    if text in BUILTIN_SOURCES:
+        return "builtin"
+    path = Path(text).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf"
+    if not path.exists() and is_hub_id(text):
+        return "hub"
+    return "dir" if (path / "config.json").is_file() else None
+
+
 def locate_source(src: "str | Path", config_only: bool = False) -> Source:
     """Where a source named by a directory, a .gguf file, a built-in name or a Hub id is
     (config_only: of a Hub id, fetch config.json alone)."""
-    text = str(src)
-    if text in BUILTIN_SOURCES:
+    text, kind = str(src), source_kind(src)
+    if kind == "builtin":
         return Source(text, BUILTIN_SOURCES[text]())
     path = Path(text).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return Source(text, path.absolute())
-    if not path.exists() and is_hub_id(text):
+    if kind == "hub":
         return Source(text, download_from_hub(text, config_only), hub_id=text)
-    read_config(path)  # the one-line errors for missing / not a directory / no config.json
+    if kind is None:
+        read_config(path)  # the one-line errors for missing / not a directory / no config.json
     return Source(text, path.absolute())
 
 

@@ -97,7 +97,7 @@ def resolve_settings(paths: list[str], settings: EvalSettings) -> tuple[list, Ev
             f"--tasks runs lm-eval on checkpoint directories, and {gguf} is a GGUF file: "
             "convert it (or load and save_pretrained it) and give that directory"
         )
-    limits = {str(p): max_positions(c) for p, (_, c) in zip(paths, checked, strict=True)}
+    limits = {source.label: max_positions(config) for source, config in checked}
     smallest = min(limits.values())
     ctx = settings.ctx if settings.ctx is not None else min(DEFAULT_CTX, smallest)
     for path, limit in limits.items():
@@ -130,12 +130,12 @@ def evaluate_models(paths: list["str | Path"], settings: EvalSettings | None = N
     prompt = _prompt(configs, settings)
 
     models = []
-    for path, (source, config) in zip(paths, checked, strict=True):
+    for source, config in checked:
         with _transformers_bars(not settings.quiet):
             entry = _evaluate_one(source, config, settings, texts, prompt, device, dtype)
         if manager is not None:
             if not settings.quiet:
-                console.print(f"[bold]{path}[/]: lm-eval {', '.join(settings.tasks)}")
+                console.print(f"[bold]{source.label}[/]: lm-eval {', '.join(settings.tasks)}")
             entry["lm_eval"] = run_lm_eval(
                 str(source.path),
                 settings.tasks,

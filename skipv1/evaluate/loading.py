@@ -57,31 +57,36 @@ def max_positions(config: dict) -> int:
 
 def load_model(source: "Source", device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """The model and its tokenizer; a GGUF dequantized as it loads (nothing written to disk)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
     from ..auto_classes import register
 
     register()  # the SkipV1 classes with the Auto classes (done already if transformers was)
-    root, kwargs = source.path, {}
-    if source.is_gguf:
-        root, kwargs = source.path.parent, {"gguf_file": source.path.name}
+    if source.is_gguf:  # check_model read it already: transformers' loader accepts the file
+        from ..smollm2 import load_gguf
+
+        model, tokenizer = load_gguf(source.path, dtype=dtype)
+    else:
+        model, tokenizer = _load_directory(source, dtype)
+    model.to(device).eval()
+    return LoadedModel(source.label, model, tokenizer)
+
+
+def _load_directory(source: "Source", dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(root, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source.path)
     except (OSError, ValueError) as err:
         raise SkipV1Error(
             f"{source.label} has no usable tokenizer ({_first_line(err)}): copy the source "
             "checkpoint's tokenizer files next to the weights"
         ) from None
-    if source.is_gguf:
-        kwargs["quantization_config"] = GgufConfig(dequantize=True)
     try:
-        model = AutoModelForCausalLM.from_pretrained(root, dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype)
     except (OSError, ValueError) as err:
         raise SkipV1Error(
             f"cannot load the weights of {source.label}: {_first_line(err)}"
         ) from None
-    model.to(device).eval()
-    return LoadedModel(source.label, model, tokenizer)
+    return model, tokenizer
 
 
 def _first_line(err: Exception) -> str:

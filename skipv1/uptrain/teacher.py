@@ -47,13 +47,9 @@ def resolve_teacher(recipe, run_dir: Path) -> Path | None:
 def check_teacher(teacher: str) -> None:
     """A `distill.teacher` other than `source` names a source convert could read (checked
     without downloading or loading anything)."""
-    from ..convert.api import BUILTIN_SOURCES
-    from ..convert.reader import is_hub_id
+    from ..convert.api import source_kind
 
-    path = Path(teacher).expanduser()
-    if teacher in BUILTIN_SOURCES or (path / "config.json").is_file() or is_hub_id(teacher):
-        return
-    if path.is_file() and path.suffix == ".gguf":
+    if source_kind(teacher) is not None:
         return
     raise SkipV1Error(
         f"`distill.teacher` {teacher} is not a checkpoint directory with a config.json, a .gguf "

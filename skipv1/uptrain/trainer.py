@@ -8,6 +8,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -126,9 +127,7 @@ class UptrainRecipe:
         ranks then read the Hub cache)."""
         from ..convert.api import locate_source
 
-        located = locate_source(name) if self.env.is_main else None
-        _barrier()
-        located = located or locate_source(name)
+        located = self._main_first(lambda: locate_source(name))
         if located.is_gguf:
             raise SkipV1Error(
                 f"`model.path` {name} is a GGUF file: set `model.source` to it instead (it is "
@@ -138,11 +137,14 @@ class UptrainRecipe:
 
     def _teacher_dir(self) -> Path | None:
         """distill.teacher as a directory (`source` resolved; rank 0 stages a GGUF first)."""
-        teacher = resolve_teacher(self.recipe, self.run_dir) if self.env.is_main else None
+        return self._main_first(lambda: resolve_teacher(self.recipe, self.run_dir))
+
+    def _main_first(self, fetch: Callable):
+        """fetch() on rank 0, then, after a barrier, on the other ranks: they find what rank 0
+        downloaded or staged and do not race it."""
+        result = fetch() if self.env.is_main else None
         _barrier()
-        if not self.env.is_main:
-            teacher = resolve_teacher(self.recipe, self.run_dir)
-        return teacher
+        return result if self.env.is_main else fetch()
 
     def _eval_blocks(self) -> np.ndarray | None:
         r, ws = self.recipe, self.env.world_size
