@@ -58,7 +58,7 @@ def launch_local(recipe: Path | None, overrides: list[str], nproc: int) -> int:
 def failure_message(failed, reported: str | None) -> str:
     """One line for a failed torchrun: what a rank reported (a SkipV1Error) if the first rank to
     fail exited by itself, else which rank died of which signal, then what the others saw."""
-    rank, first = failed.get_first_failure()
+    rank, first = root_failure(failed.failures)
     if first.exitcode >= 0 and reported:
         return reported
     if first.exitcode < 0:
@@ -72,6 +72,18 @@ def failure_message(failed, reported: str | None) -> str:
         "complete checkpoint"
     )
     return f"{died}; then {then}"
+
+
+def root_failure(failures: dict) -> tuple:
+    """(rank, ProcessFailure) of the failure that caused the others. A SIGKILLed rank (kill -9,
+    the out-of-memory killer) comes first: torchrun only records ranks that ended before it
+    stopped the rest, so a SIGKILL there came from outside, and the ranks that lost it in a
+    collective end at about the same time. torchrun's own choice, the earliest timestamp, is
+    in whole seconds, so on a tie it names the lowest rank: often the survivor."""
+    killed = [r for r, f in failures.items() if f.exitcode < 0 and f.signal_name() == "SIGKILL"]
+    ranks = killed or list(failures)
+    rank = min(ranks, key=lambda r: (failures[r].timestamp, r))
+    return rank, failures[rank]
 
 
 def _first_line(path: Path) -> str | None:
