@@ -138,10 +138,15 @@ class _Signals:
 def atomic_workspace(dst: Path, overwrite: bool) -> Iterator[Path]:
     """Yields a fresh workspace; its `out/` becomes DST when the block succeeds. Anything else
     (exception, Ctrl-C, SIGTERM) removes the workspace and leaves DST as it was."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
     work = workspace_path(dst)
     shutil.rmtree(work, ignore_errors=True)
-    (work / "out").mkdir(parents=True)
+    try:
+        (work / "out").mkdir(parents=True)
+    except OSError as err:  # e.g. a pseudo-filesystem (/proc, /sys) that passes the checks
+        raise SkipV1Error(
+            f"{dst} cannot be created ({err.strerror or err} at {work.parent}): choose a "
+            "directory on a writable disk"
+        ) from None
     try:
         with _Signals().raising():
             yield work

@@ -99,3 +99,27 @@ def test_smollm2_gguf_converts_directly_like_its_hf_export(smollm2_converted, tm
         assert torch.equal(tensor(dst, name), tensor(smollm2_converted, name)), name
     assert (dst / "tokenizer.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["from-gguf"]
+
+
+def test_smollm2_gguf_options_are_checked_before_it_is_dequantized(tmp_path, cli):
+    """A bad option for a GGUF source is refused from its metadata: one line, and not after the
+    dequantizing export's progress bar (which printed first before)."""
+    dst = tmp_path / "bad"
+    result = cli("convert", "builtin:smollm2", dst, "--skip-heads", "3")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        "error: --skip-heads 3 is out of range: this model has 3 KV heads, choose 0 <= N <= 2"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_smollm2_gguf_to_a_pseudo_filesystem_is_one_line(cli):
+    """/proc passes the writability checks (not read-only, writable by root) but refuses mkdir;
+    a GGUF source makes its workspace there before the disk-space check (it stages first)."""
+    result = cli("convert", "builtin:smollm2", "/proc/skipv1-out", "--init", "keep")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        "error: /proc/skipv1-out cannot be created (No such file or directory at /proc): choose "
+        "a directory on a writable disk"
+    ]

@@ -27,7 +27,9 @@ def test_a_sigkilled_rank_is_named_over_a_survivor_that_aborted_in_the_same_seco
 
 def test_a_sigkilled_rank_is_named_over_a_survivor_that_exited_with_its_report():
     line = failure_message(failed(2, -9), LOST)
-    assert line == f"rank 1 was killed by SIGKILL (the out-of-memory killer or a kill -9); then {LOST}"
+    assert (
+        line == f"rank 1 was killed by SIGKILL (the out-of-memory killer or a kill -9); then {LOST}"
+    )
 
 
 def test_a_rank_that_reported_its_own_error_first_gives_that_error_alone():

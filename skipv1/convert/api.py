@@ -113,6 +113,8 @@ def convert_checkpoint(
     dst = Path(dst).expanduser().absolute()
     source = locate_source(src)
     check_destination(source.path, dst, overwrite)
+    if source.is_gguf:  # the options against its metadata before minutes of dequantizing
+        check_options(source_config(source), source.path, options)
     if not source.is_gguf:
         prepared = prepare(source.path, dst, options)
         if dry_run:
@@ -245,8 +247,7 @@ def prepare(root: Path, dst: Path, options: ConvertOptions) -> Prepared:
     """Reads config and shard headers, checks them against each other and the options, and
     plans the output; raises SkipV1Error on anything wrong. Reads no tensor data."""
     config = read_config(root)
-    check_source_config(config, root, options.trust_remote_code)
-    plan = make_plan(config, options.skip_heads, options.init)
+    plan = check_options(config, root, options)
     weights = scan_weights(root)
     if has_bare_names(plan.source.family, weights.refs):
         plan = make_plan(config, options.skip_heads, options.init, bare_names=True)
@@ -282,6 +283,12 @@ def prepare(root: Path, dst: Path, options: ConvertOptions) -> Prepared:
     )
     check_free_disk(dst, prepared)
     return prepared
+
+
+def check_options(config: dict, root: Path, options: ConvertOptions) -> ConversionPlan:
+    """The source's config against the options (family, --skip-heads, --init); its plan."""
+    check_source_config(config, root, options.trust_remote_code)
+    return make_plan(config, options.skip_heads, options.init)
 
 
 def _nbytes(shape: tuple[int, ...], dtype: DType) -> int:
