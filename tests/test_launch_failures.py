@@ -39,3 +39,11 @@ def test_a_rank_that_reported_its_own_error_first_gives_that_error_alone():
 def test_without_a_sigkill_the_earliest_failure_is_named():
     line = failure_message(failed(-6, -11, timestamps=(102, 101)), None)
     assert line.startswith("rank 1 was killed by SIGSEGV; then the other ranks were stopped"), line
+
+
+def test_a_rank_stopped_by_sigterm_in_the_same_second_gives_way_to_the_rank_that_reported():
+    """Rank 1's data error (exit 2, its line) and rank 0 stopped by torchrun's SIGTERM, seen in
+    one poll: the report, not the stop."""
+    assert failure_message(failed(-15, 2), "the train data gives 3 blocks") == (
+        "the train data gives 3 blocks"
+    )

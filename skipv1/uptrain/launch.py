@@ -74,15 +74,25 @@ def failure_message(failed, reported: str | None) -> str:
     return f"{died}; then {then}"
 
 
+# Signals a rank gets for another rank's failure: torchrun's stop (SIGTERM), a collective's
+# abort when its peer is gone (SIGABRT).
+FOLLOW_ON_SIGNALS = {"SIGTERM", "SIGINT", "SIGHUP", "SIGABRT"}
+
+
 def root_failure(failures: dict) -> tuple:
-    """(rank, ProcessFailure) of the failure that caused the others. A SIGKILLed rank (kill -9,
-    the out-of-memory killer) comes first: torchrun only records ranks that ended before it
-    stopped the rest, so a SIGKILL there came from outside, and the ranks that lost it in a
-    collective end at about the same time. torchrun's own choice, the earliest timestamp, is
-    in whole seconds, so on a tie it names the lowest rank: often the survivor."""
-    killed = [r for r, f in failures.items() if f.exitcode < 0 and f.signal_name() == "SIGKILL"]
-    ranks = killed or list(failures)
-    rank = min(ranks, key=lambda r: (failures[r].timestamp, r))
+    """(rank, ProcessFailure) of the failure that caused the others: a rank killed by any other
+    signal (SIGKILL: kill -9 or the out-of-memory killer; a crash) first, then a rank that
+    exited by itself (its report), then a rank stopped for another's failure. Within one kind
+    the earliest. torchrun's own pick, the earliest timestamp alone, is in whole seconds, so a
+    tie names the lower rank: often the survivor."""
+
+    def kind(rank: int) -> tuple:
+        failure = failures[rank]
+        if failure.exitcode >= 0:
+            return 1, failure.timestamp
+        return (2 if failure.signal_name() in FOLLOW_ON_SIGNALS else 0), failure.timestamp
+
+    rank = min(failures, key=kind)  # ties keep torchrun's order
     return rank, failures[rank]
 
 
