@@ -32,8 +32,8 @@ Tried and dropped (docs/results/post_conversion_smollm2.md): choosing which laye
 borrowed (no visible change on SmolLM2) and a per-layer Adam refinement of q/k/v/o (too slow
 on a CPU for the conversion's time budget). Also dropped: weighting each token's rows in the
 refits by the inverse RMS of the source's stream there. SmolLM2's first token carries massive
-activations from layer 11 on (residual RMS ~1000 against ~7), so it holds about a third of the
-squared error the unweighted fits minimise; weighted, today's default conversion went from KJV
+activations from layer 11 on (residual RMS ~1000 against ~7) and 37% of the squared difference
+between the converted and the source stream at layer 15; weighted, the default conversion went from KJV
 +60.7% / CPython docs +88.2% to +63.1% / +82.6% (one run each, the same sampled calibration
 text): no gain worth a second rule.
 """
