@@ -48,6 +48,20 @@ class Cli:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def deepspeed_cpu_op(request):
+    """DeepSpeed JIT-builds its CPU op on a machine's first run (a minute, more when busy): done
+    once before the session's first test when DeepSpeed tests are selected, under its own time
+    limit, so that each run's limit measures the run."""
+    if not any(item.get_closest_marker("distributed") for item in request.session.items):
+        return
+    build = "from skipv1.uptrain.engine import build_cpu_op; build_cpu_op()"
+    done = subprocess.run(
+        [sys.executable, "-c", build], capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, f"building DeepSpeed's CPU op failed:\n{done.stderr[-3000:]}"
+
+
 @pytest.fixture(scope="session")
 def cli() -> Cli:
     return Cli()

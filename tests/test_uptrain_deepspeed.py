@@ -58,13 +58,25 @@ def workdir(tmp_path_factory, tokenizer_dir) -> Path:
     return root
 
 
-def uptrain(workdir: Path, run: str, *args: str, nproc: int = 2, **popen) -> subprocess.Popen:
+class Run(subprocess.Popen):
+    """A child `skipv1 uptrain` that a timeout kills (its ranks die with it) and fails the test
+    with its stderr: left running, it would hold DeepSpeed's build lock, its run directory and
+    pipes nobody reads, and a later test would wait on it."""
+
+    def communicate(self, input=None, timeout=None):
+        try:
+            return super().communicate(input, timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            _, err = super().communicate()
+            pytest.fail(f"{self.args[:3]} ran past {timeout} s and was killed:\n{err[-3000:]}")
+
+
+def uptrain(workdir: Path, run: str, *args: str, nproc: int = 2, **popen) -> Run:
     cmd = [SKIPV1, "uptrain", str(workdir / "recipe.yaml"), "--run-dir", str(workdir / run)]
     cmd += ["--nproc", str(nproc), "--quiet", *args]
     env = dict(os.environ, PYTHONWARNINGS="ignore", **popen.pop("env", {}))
-    return subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
-    )
+    return Run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
 def finish(proc: subprocess.Popen, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -351,23 +363,54 @@ def test_resume_with_a_changed_training_key_is_refused_by_name(workdir, zero2_ru
     finish(uptrain(workdir, "changed", "eval.blocks=4", "log.every=3"))
 
 
+def build_lock(env: dict) -> Path:
+    """torch's lock file on the build of DeepSpeed's CPU op, under the extensions dir `env` sets."""
+    find = "from skipv1.uptrain.engine import shm_build_lock; print(shm_build_lock())"
+    found = subprocess.run(
+        [sys.executable, "-c", find], capture_output=True, text=True, env={**os.environ, **env}
+    )
+    return Path(found.stdout.strip())
+
+
 def test_a_stale_deepspeed_build_lock_is_named_instead_of_waited_on(workdir, tmp_path):
     env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
-    find = "from skipv1.uptrain.engine import shm_build_lock; print(shm_build_lock())"
-    lock = Path(
-        subprocess.run(
-            [sys.executable, "-c", find], capture_output=True, text=True, env={**os.environ, **env}
-        ).stdout.strip()
-    )
+    lock = build_lock(env)
     lock.parent.mkdir(parents=True, exist_ok=True)
     lock.touch()
-    old = time.time() - 3600  # left by a run killed an hour ago
+    old = time.time() - 3600  # left by another program's build killed an hour ago
     os.utime(lock, (old, old))
     proc = uptrain(workdir, "stale", "deepspeed.zero_stage=0", nproc=1, env=env)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err[-2000:]
     assert f"DeepSpeed's build lock {lock} is 60 minutes old" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_run_killed_while_building_deepspeeds_op_does_not_block_the_next(workdir, tmp_path):
+    """The first run on a machine builds DeepSpeed's CPU op under torch's lock file; killing
+    that run's processes (a scheduler ending the job) leaves the file. The next run must build
+    and train, not wait on it forever."""
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    lock = build_lock(env)
+    proc = uptrain(
+        workdir,
+        "killed-building",
+        "deepspeed.zero_stage=0",
+        nproc=1,
+        env=env,
+        start_new_session=True,
+    )
+    deadline = time.time() + 180
+    while not lock.exists():
+        assert proc.poll() is None and time.time() < deadline, "the run never started the build"
+        time.sleep(0.02)
+    groups = {proc.pid, *map(os.getpgid, children(proc.pid))}  # the compiler runs in the rank's
+    for group in groups:
+        os.killpg(group, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert lock.exists()
+    finish(uptrain(workdir, "after-killed-build", "deepspeed.zero_stage=0", nproc=1, env=env))
+    assert not lock.exists()
 
 
 def test_non_finite_losses_are_skipped_up_to_the_limit_then_the_run_stops(workdir):

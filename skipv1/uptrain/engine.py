@@ -55,26 +55,59 @@ def shm_build_lock() -> Path:
     return Path(_get_build_directory("deepspeed_shm_comm", verbose=False)) / "lock"
 
 
-def check_build_lock() -> None:
-    """DeepSpeed JIT-builds its CPU op on first use; a run killed during the build leaves the
-    lock behind and every later run would wait on it forever without a word."""
-    lock = shm_build_lock()
-    if not lock.exists():
-        return
-    age = time.time() - lock.stat().st_mtime
-    if age > STALE_BUILD_LOCK_S:
-        raise SkipV1Error(
-            f"DeepSpeed's build lock {lock} is {age / 60:.0f} minutes old: a killed run left it "
-            "(a build takes about a minute); remove that file if no other uptrain is starting, "
-            "then rerun"
-        )
-    from ..console import console
+def build_cpu_op() -> None:
+    """DeepSpeed JIT-builds its CPU communication op on first use, under torch's lock: a plain
+    file, which a run killed mid-build leaves behind, and on which every later run then waits
+    forever without a word. So the op is built here first, under a lock the kernel releases when
+    its holder dies (flock), beside a marker of our build in progress: a torch lock found with
+    the marker is a killed skipv1 build's and is removed; one without it is another program's
+    build, waited on until it is STALE_BUILD_LOCK_S old. DeepSpeed then loads the built op."""
+    import fcntl
 
-    console.print(
-        f"waiting for another process building DeepSpeed's CPU op (lock {lock}); if none is, "
-        "remove that file",
-        highlight=False,
-    )
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return  # DeepSpeed goes without the op too
+    lock = shm_build_lock()
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    ours = lock.with_name("skipv1-building")
+    with open(lock.with_name("skipv1.flock"), "a") as guard:
+        try:
+            fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another rank or run is building it: about a minute, once
+            fcntl.flock(guard, fcntl.LOCK_EX)  # its death releases the lock
+        if ours.exists():
+            lock.unlink(missing_ok=True)
+        _wait_for_foreign_build(lock)
+        ours.touch()
+        try:
+            builder.load(verbose=False)
+        finally:  # torch released its lock too (a kill skips both)
+            ours.unlink()
+
+
+def _wait_for_foreign_build(lock: Path) -> None:
+    said = False
+    while lock.exists():
+        age = time.time() - lock.stat().st_mtime
+        if age > STALE_BUILD_LOCK_S:
+            raise SkipV1Error(
+                f"DeepSpeed's build lock {lock} is {age / 60:.0f} minutes old: a killed run left "
+                "it (a build takes about a minute); remove that file if no other uptrain is "
+                "starting, then rerun"
+            )
+        if not said:
+            from ..console import console
+
+            console.print(
+                f"waiting for another program building DeepSpeed's CPU op (lock {lock}); if none "
+                "is, remove that file",
+                highlight=False,
+            )
+            said = True
+        time.sleep(1)
 
 
 # The rendezvous variables init_distributed set for a run in this process (no launcher's):
@@ -104,7 +137,7 @@ def init_distributed(env: DistEnv, timeout_s: int = 600) -> None:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
         if "OMP_NUM_THREADS" not in os.environ:  # an explicit setting is the user's to make
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-        check_build_lock()
+        build_cpu_op()
     timeout = timedelta(seconds=timeout_s)
     # DeepSpeed builds its data-parallel group with dist.new_group(ranks) and no timeout, which
     # takes torch's module default (30 min on gloo) at that call: the training collectives run
