@@ -30,7 +30,9 @@ def logits_and_ids(seed: int = 0, vocab: int = 50):
 def test_loss_is_zero_when_student_equals_teacher(temperature):
     logits, ids = logits_and_ids()
     out = distillation_loss(logits, logits.clone(), ids, alpha=1.0, temperature=temperature)
-    assert abs(out.kl.item()) < 1e-7 and abs(out.loss.item()) < 1e-7
+    # zero up to float32 rounding: the teacher's log-probs are x - logsumexp(x), the student's
+    # log_softmax(x) (4e-8 of KL on this AMD CPU), and the loss is T^2 times the KL
+    assert abs(out.kl.item()) < 1e-6 and abs(out.loss.item()) < temperature**2 * 1e-6
 
 
 def test_alpha_0_is_exactly_cross_entropy():
