@@ -205,9 +205,53 @@ def open_dataset(spec: "str | dict | DataSpec", streaming: bool = False):
         return datasets.load_dataset(spec.name, spec.config, split=spec.split, streaming=streaming)
     except SkipV1Error:
         raise
-    except Exception as err:  # datasets raises many types; the user needs the spec and the cause
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise SkipV1Error(f"cannot read data {spec.describe()}: {first_line}") from err
+    except Exception as err:
+        raise read_error(spec, err) from err
+
+
+def read_error(spec: DataSpec, err: Exception) -> SkipV1Error:
+    """datasets raises many types, some saying only "An error occurred while generating the
+    dataset": the user needs the spec and the cause, for JSON files the file and line."""
+    if spec.kind == "files" and FORMATS[Path(spec.files[0]).suffix.lower()] == "json":
+        explained = _explain_json_error(spec)
+        if explained:
+            return SkipV1Error(explained)
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return SkipV1Error(f"cannot read data {spec.describe()}: {first_line}")
+
+
+def _explain_json_error(spec: DataSpec) -> str | None:
+    """datasets says only "An error occurred while generating the dataset" (or raises a bare
+    StopIteration when there is nothing to read): find the file and line (after a failure)."""
+    import json
+
+    empty = 0
+    for name in spec.files:
+        try:
+            text = Path(name).read_bytes().decode("utf-8")
+        except OSError:
+            return None
+        except UnicodeDecodeError as bad:  # what pyarrow reports as a parse error
+            return _not_utf8(name, bad)
+        if not text.strip():
+            empty += 1
+            continue
+        try:
+            json.loads(text)  # one JSON document (an array of records)
+            continue
+        except json.JSONDecodeError:
+            pass
+        for number, line in enumerate(text.splitlines(), 1):  # JSON Lines
+            try:
+                line.strip() and json.loads(line)
+            except json.JSONDecodeError as bad:
+                return (
+                    f"data file {name} line {number} is not JSON ({bad.msg}, column {bad.colno}): "
+                    "fix or remove that line (one JSON object per line, or one JSON array)"
+                )
+    if empty == len(spec.files):
+        return f"data {spec.describe()} holds no records: give files with text"
+    return None
 
 
 def iter_documents(
@@ -261,13 +305,17 @@ def _no_text_field(spec: DataSpec, field_name: str, columns) -> SkipV1Error:
 
 @contextlib.contextmanager
 def undecodable_file_named(spec: DataSpec):
-    """Turns a UTF-8 decoding failure anywhere in reading `spec` into an error naming the file."""
+    """Turns a UTF-8 decoding failure anywhere in reading `spec` into an error naming the file,
+    and any other failure of datasets while reading (streamed data fails only here) into one
+    naming the spec and its cause."""
     try:
         yield
     except SkipV1Error as err:
         raise _explain_decode_error(spec, err) from err.__cause__
     except UnicodeDecodeError as err:
         raise _explain_decode_error(spec, err) from err
+    except Exception as err:
+        raise read_error(spec, err) from err
 
 
 def _explain_decode_error(spec: DataSpec, err: Exception) -> Exception:
@@ -282,8 +330,12 @@ def _explain_decode_error(spec: DataSpec, err: Exception) -> Exception:
         try:
             Path(name).read_bytes().decode("utf-8")
         except UnicodeDecodeError as bad:
-            return SkipV1Error(
-                f"data file {name} is not valid UTF-8 (byte {bad.object[bad.start]:#04x} at "
-                f"offset {bad.start}): re-encode it as UTF-8 or remove it from the data"
-            )
+            return SkipV1Error(_not_utf8(name, bad))
     return err
+
+
+def _not_utf8(name: str, bad: UnicodeDecodeError) -> str:
+    return (
+        f"data file {name} is not valid UTF-8 (byte {bad.object[bad.start]:#04x} at offset "
+        f"{bad.start}): re-encode it as UTF-8 or remove it from the data"
+    )

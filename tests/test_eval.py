@@ -348,7 +348,7 @@ BAD_INPUTS = {
     "missing data file": (lambda t, s: [s, "--data", t / "no.txt"], "no data files match"),
     "unreadable data": (
         lambda t, s: [s, "--data", write(t / "bad.jsonl", "{not json\n")],
-        "cannot read data",
+        "bad.jsonl line 1 is not JSON",
     ),
     "jsonl without a text field": (
         lambda t, s: [s, "--data", write(t / "q.jsonl", '{"question": "why"}\n')],

@@ -197,6 +197,23 @@ def test_undecodable_bytes_name_the_file(tmp_path, tokenizer_dir):
             load_blocks(str(tmp_path / "*.txt"), _tok(tokenizer_dir), 16, "train", streaming_limit)
 
 
+def test_malformed_or_empty_json_data_names_the_file_and_line(tmp_path, tokenizer_dir):
+    """datasets says only "An error occurred while generating the dataset" (a bare StopIteration
+    for empty files, a raw pyarrow error when streamed): the error names the file and line."""
+    (tmp_path / "good.jsonl").write_text(json.dumps({"text": "fine text " * 50}) + "\n")
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{text: "no quotes"}\n')
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.jsonl").write_text("")
+    (tmp_path / "empty" / "b.jsonl").write_text("\n")
+    for streaming_limit in (None, 4):
+        with pytest.raises(SkipV1Error, match=r"bad.jsonl line 2 is not JSON \(Expecting prop"):
+            load_blocks(
+                str(tmp_path / "*.jsonl"), _tok(tokenizer_dir), 16, "train", streaming_limit
+            )
+        with pytest.raises(SkipV1Error, match=r"empty/b.jsonl holds no records"):
+            load_blocks(str(tmp_path / "empty"), _tok(tokenizer_dir), 16, "train", streaming_limit)
+
+
 def test_missing_text_column_lists_the_fields(tmp_path, tokenizer_dir):
     (tmp_path / "a.jsonl").write_text(json.dumps({"body": "x" * 100}) + "\n")
     for streaming_limit in (None, 4):  # streamed: found on the first record
