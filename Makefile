@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 test: install
 	$(PY) -m pytest -q
 
-# The unit tests: no SmolLM2, no DeepSpeed/torchrun, nothing slow; under a minute on 2 busy cores.
+# The unit tests: no SmolLM2, no DeepSpeed/torchrun, nothing slow; 1 to 3 minutes on 2 cores.
 # One thread each: on a shared machine OpenMP's spinning makes these tiny models much slower.
 test-fast: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not smollm2 and not distributed"
