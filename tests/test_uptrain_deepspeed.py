@@ -386,6 +386,23 @@ def test_a_stale_deepspeed_build_lock_is_named_instead_of_waited_on(workdir, tmp
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_machine_without_a_compiler_gets_one_line_naming_it(workdir, tmp_path):
+    """DeepSpeed's CPU op is built on a machine's first run. With nothing on PATH (a venv's
+    `skipv1` run without activating it, on a machine without compilers), ninja is still found
+    beside the interpreter (pip installs it with DeepSpeed), and the missing compiler is one
+    line, not an internal error."""
+    (tmp_path / "bin").mkdir()
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "PATH": str(tmp_path / "bin")}
+    proc = uptrain(workdir, "no-compiler", "deepspeed.zero_stage=0", nproc=1, env=env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in err, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err[-2000:]
+    (error,) = errors  # the shell's words: "/bin/sh: 1: c++: not found" on Debian
+    assert error.startswith("error: DeepSpeed could not build its CPU op (") and "c++" in error
+    assert "not found" in error and error.endswith("and ninja (`pip install ninja`)")
+
+
 def test_a_run_killed_while_building_deepspeeds_op_does_not_block_the_next(workdir, tmp_path):
     """The first run on a machine builds DeepSpeed's CPU op under torch's lock file; killing
     that run's processes (a scheduler ending the job) leaves the file. The next run must build

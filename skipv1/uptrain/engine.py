@@ -6,8 +6,10 @@ Optimizer choice: torch.optim.AdamW as DeepSpeed's client optimizer (no JIT-buil
 on CUDA), DeepSpeedCPUAdam when the optimizer state is offloaded to CPU (DeepSpeed requires it).
 """
 
+import contextlib
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -83,9 +85,39 @@ def build_cpu_op() -> None:
         _wait_for_foreign_build(lock)
         ours.touch()
         try:
-            builder.load(verbose=False)
+            with _scripts_on_path():
+                builder.load(verbose=False)
+        except RuntimeError as err:  # no ninja, no compiler, a failed compile
+            raise SkipV1Error(
+                f"DeepSpeed could not build its CPU op ({_build_failure(err)}): CPU ranks need "
+                "a C++ compiler (c++ on PATH) and ninja (`pip install ninja`)"
+            ) from err
         finally:  # torch released its lock too (a kill skips both)
             ours.unlink()
+
+
+def _build_failure(err: RuntimeError) -> str:
+    """The compiler's own complaint out of torch's error, which repeats every command line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    commands = ("[", "FAILED", "Error building", "ninja: build stopped")
+    said = (
+        line
+        for line in lines
+        if ("error" in line.lower() or "not found" in line) and not line.startswith(commands)
+    )
+    return next(said, lines[0] if lines else type(err).__name__)[:300]
+
+
+@contextlib.contextmanager
+def _scripts_on_path():
+    """The build runs `ninja` from PATH: the one pip installed with DeepSpeed sits beside this
+    interpreter, which is not on PATH when a venv's `skipv1` runs without activating it."""
+    scripts, path = str(Path(sys.executable).parent), os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([path, scripts]) if path else scripts
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = path
 
 
 def _wait_for_foreign_build(lock: Path) -> None:
