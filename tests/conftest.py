@@ -1,3 +1,4 @@
+import contextlib
 import os
 import shutil
 import subprocess
@@ -52,14 +53,13 @@ class Cli:
 def deepspeed_cpu_op(request):
     """DeepSpeed JIT-builds its CPU op on a machine's first run (a minute, more when busy): done
     once before the session's first test when DeepSpeed tests are selected, under its own time
-    limit, so that each run's limit measures the run."""
+    limit, so that each run's limit measures the run. A warm-up only: if the build fails, the
+    DeepSpeed tests fail on their own with the run's error, and the other tests still run."""
     if not any(item.get_closest_marker("distributed") for item in request.session.items):
         return
     build = "from skipv1.uptrain.engine import build_cpu_op; build_cpu_op()"
-    done = subprocess.run(
-        [sys.executable, "-c", build], capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0, f"building DeepSpeed's CPU op failed:\n{done.stderr[-3000:]}"
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-c", build], capture_output=True, timeout=900)
 
 
 @pytest.fixture(scope="session")
