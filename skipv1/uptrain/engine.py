@@ -93,7 +93,7 @@ def build_cpu_op() -> None:
                 "a C++ compiler (c++ on PATH) and ninja (`pip install ninja`)"
             ) from err
         finally:  # torch released its lock too (a kill skips both)
-            ours.unlink()
+            ours.unlink(missing_ok=True)
 
 
 def _build_failure(err: RuntimeError) -> str:
@@ -112,12 +112,15 @@ def _build_failure(err: RuntimeError) -> str:
 def _scripts_on_path():
     """The build runs `ninja` from PATH: the one pip installed with DeepSpeed sits beside this
     interpreter, which is not on PATH when a venv's `skipv1` runs without activating it."""
-    scripts, path = str(Path(sys.executable).parent), os.environ.get("PATH", "")
+    scripts, path = str(Path(sys.executable).parent), os.environ.get("PATH")
     os.environ["PATH"] = os.pathsep.join([path, scripts]) if path else scripts
     try:
         yield
     finally:
-        os.environ["PATH"] = path
+        if path is None:
+            del os.environ["PATH"]
+        else:
+            os.environ["PATH"] = path
 
 
 def _wait_for_foreign_build(lock: Path) -> None:
