@@ -249,9 +249,11 @@ def _explain_json_error(spec: DataSpec) -> str | None:
                     f"data file {name} line {number} is not JSON ({bad.msg}, column {bad.colno}): "
                     "fix or remove that line (one JSON object per line, or one JSON array)"
                 )
-    if empty == len(spec.files):
-        return f"data {spec.describe()} holds no records: give files with text"
-    return None
+    return _no_records(spec) if empty == len(spec.files) else None
+
+
+def _no_records(spec: DataSpec) -> str:
+    return f"data {spec.describe()} holds no records: give files with text"
 
 
 def iter_documents(
@@ -269,7 +271,7 @@ def iter_documents(
         ds, field_name = open_text_dataset(spec, streaming)
         if shuffle is not None and shuffle[1] > 0:
             ds = ds.shuffle(seed=shuffle[0], buffer_size=shuffle[1])
-        for index, record in enumerate(ds):
+        for index, record in enumerate(_records(ds, spec)):
             if index == 0 and field_name not in record:  # streamed: no columns to check up front
                 raise _no_text_field(spec, field_name, record)
             text = record.get(field_name)
@@ -278,6 +280,22 @@ def iter_documents(
                 continue
             stats.documents += 1
             yield text
+
+
+def _records(ds, spec: DataSpec) -> Iterator[dict]:
+    """The dataset's records; streamed data is read (and fails) only here, so datasets' errors
+    are named here as open_dataset names them."""
+    records = iter(ds)
+    while True:
+        try:
+            record = next(records)
+        except StopIteration:
+            return
+        except (SkipV1Error, UnicodeDecodeError):
+            raise
+        except Exception as err:
+            raise read_error(spec, err) from err
+        yield record
 
 
 def is_document(text) -> bool:
@@ -290,6 +308,8 @@ def open_text_dataset(spec: DataSpec, streaming: bool = False):
     field_name = "text" if spec.kind == "embedded" else spec.text_field
     ds = open_dataset(spec, streaming=streaming)
     columns = getattr(ds, "column_names", None)
+    if columns == []:  # JSON files of blank lines load as records of no fields
+        raise SkipV1Error(_no_records(spec))
     if columns is not None and field_name not in columns:
         raise _no_text_field(spec, field_name, columns)
     return ds, field_name
@@ -305,17 +325,13 @@ def _no_text_field(spec: DataSpec, field_name: str, columns) -> SkipV1Error:
 
 @contextlib.contextmanager
 def undecodable_file_named(spec: DataSpec):
-    """Turns a UTF-8 decoding failure anywhere in reading `spec` into an error naming the file,
-    and any other failure of datasets while reading (streamed data fails only here) into one
-    naming the spec and its cause."""
+    """Turns a UTF-8 decoding failure anywhere in reading `spec` into an error naming the file."""
     try:
         yield
     except SkipV1Error as err:
         raise _explain_decode_error(spec, err) from err.__cause__
     except UnicodeDecodeError as err:
         raise _explain_decode_error(spec, err) from err
-    except Exception as err:
-        raise read_error(spec, err) from err
 
 
 def _explain_decode_error(spec: DataSpec, err: Exception) -> Exception:
