@@ -66,12 +66,8 @@ def build_cpu_op() -> None:
     build, waited on until it is STALE_BUILD_LOCK_S old. DeepSpeed then loads the built op."""
     import fcntl
 
-    import deepspeed.ops
-    from deepspeed.accelerator import get_accelerator
+    from deepspeed.comm.torch import build_shm_op  # what DeepSpeed's init calls (cached once built)
 
-    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-        return  # DeepSpeed goes without the op too
     lock = shm_build_lock()
     lock.parent.mkdir(parents=True, exist_ok=True)
     ours = lock.with_name("skipv1-building")
@@ -86,7 +82,7 @@ def build_cpu_op() -> None:
         ours.touch()
         try:
             with _scripts_on_path():
-                builder.load(verbose=False)
+                build_shm_op()
         except RuntimeError as err:  # no ninja, no compiler, a failed compile
             raise SkipV1Error(
                 f"DeepSpeed could not build its CPU op ({_build_failure(err)}): CPU ranks need "
