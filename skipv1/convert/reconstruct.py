@@ -63,6 +63,7 @@ from .calibrate import (
     mlp_output_norm,
     mlp_reads,
     source_layers,
+    spd_solve,
 )
 
 METHOD = (
@@ -416,7 +417,7 @@ def _ridge_fit(pairs, prior: torch.Tensor) -> tuple[torch.Tensor, float]:
     eye = torch.eye(n_in, dtype=torch.float64)
 
     def solve(a, b, lam):
-        return torch.linalg.solve(a + lam * eye, b + lam * prior_t)
+        return spd_solve(a + lam * eye, b + lam * prior_t)
 
     def held_out_error(w, a, b, c):  # |Z W - T|^2 from the Grams
         return float((w * (a @ w)).sum() - 2 * (w * b).sum() + c)
